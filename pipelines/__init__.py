@@ -1,0 +1,1 @@
+"""One module per DVC stage: `python -m pipelines.<stage> group=option key=value`."""

