@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -11,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO_ROOT / "conf")
@@ -19,12 +20,36 @@ log = logging.getLogger("pipelines")
 
 
 def stage(fn):
-    """Hydra entry point for a stage: composes conf/config.yaml with the command-line overrides."""
+    """Hydra entry point for a stage: composes conf/config.yaml with the command-line overrides.
+
+    `+select.<group>=<option>` swaps in conf/<group>/<option>.yaml after composition. DVC stages need
+    it: they run on the fully composed params.yaml, where a plain `heads=hydra` group override no
+    longer exists (e.g. `python -m pipelines.train --config-dir . --config-name params +select.heads=hydra`).
+    """
     @functools.wraps(fn)
     def main(cfg: DictConfig):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        return fn(cfg)
+        return fn(apply_selection(cfg))
     return hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(main)
+
+
+def apply_selection(cfg: DictConfig) -> DictConfig:
+    """Replace each group named in cfg.select with its option file from conf/, resolved against cfg."""
+    selection = cfg.get("select") or {}
+    if not selection:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        for group, option in selection.items():
+            path = Path(CONF_DIR) / str(group) / f"{option}.yaml"
+            if not path.is_file():
+                options = sorted(p.stem for p in (Path(CONF_DIR) / str(group)).glob("*.yaml"))
+                raise ValueError(f"select.{group}={option!r}: no conf/{group}/{option}.yaml; "
+                                 f"available options in {group!r}: {options}")
+            cfg[group] = OmegaConf.load(path)
+        del cfg["select"]
+    OmegaConf.resolve(cfg)
+    return cfg
 
 
 def git_commit() -> str:
