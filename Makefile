@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench install clean-results
+.PHONY: repro test test-fast bench install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# OVERRIDES: Hydra overrides composed into params.yaml (e.g. OVERRIDES="profile=smoke");
+# ARGS: passed to dvc repro (e.g. ARGS="train@hydra").
 repro: $(STAMP)
-	@[ -d .dvc ] || $(BIN)/dvc init -q
+	$(BIN)/python -m pipelines.params $(OVERRIDES)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro $(ARGS)
 
 test: $(STAMP)
@@ -33,3 +35,6 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench_verify
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000
