@@ -1,0 +1,307 @@
+"""Tree calibration: rank accuracies of draft heads, greedy trees, predicted speed on this machine.
+
+    python -m pipelines.calibrate heads=hydra          (the stage; this module is the library)
+
+    seqs = greedy_continuations(model, prompts, max_new_tokens=96, eos_token_id=2)
+    ranks = [sequence_ranks(model, heads, ids, start) for ids, start in seqs]   # [N, D] each
+    acc = accuracy_table(ranks, topk=10)                                        # [D, K]
+    paths = greedy_tree(acc, budget=64)
+    predicted_accept_length(acc, paths)      # 1 + sum over nodes of prod acc along the path
+
+What is measured. Decoding stands at position t (the last accepted token); the root of the tree is
+the base model's next token x_{t+1}; the depth-d nodes are candidates for token t+d+1, and greedy
+acceptance keeps a depth-d node iff its parent was kept and its token equals the base argmax given
+the accepted path. Write g_{s+1} = argmax of the base logits at position s (one forward per
+sequence). On a sequence x that follows the base greedy path from t on (x_{t+1..t+d} ==
+g_{t+1..t+d}), the token greedy acceptance wants at depth d is exactly g_{t+d+1}. So:
+
+- sequences are the prompts of held-out data continued greedily by the base model itself (the data's
+  own answers were sampled, not greedy); `data` mode uses the data's tokens instead and keeps a
+  (position, depth) only where the data follows the greedy path (the same check guards the rare
+  float ties between batched generation and the full forward).
+- R[t, d] = rank of g_{t+d+1} in head d-1's top-k at position t, K when absent, -1 when unknown
+  (past the end, or the data left the greedy path). Head d-1 reads the hidden state at t (Hydra++:
+  after the prefix layer over the base hidden states) and, for Hydra families, the path tokens
+  x_{t+1..t+d}: the true path, which is what the tree feeds it whenever its parent is accepted.
+- acc[d][r] = P(R[t, d] = r | R[t, j] < K for all j < d): the chance that depth d's rank-r proposal
+  is the base's token given that the path above it can be accepted by some tree (its true token is
+  within the top-k at every depth above). For Medusa the proposals do not depend on the path, but
+  the conditioning still captures that heads are right on the same easy positions.
+
+Predicted accepted length of a tree (tokens per step, the bonus token included):
+    L = 1 + sum over nodes (r_1..r_d) of prod_j acc[j][r_j]
+exact under two assumptions: (1) the top-k tokens of a head are distinct, so at most one sibling
+matches and the accepted nodes form one chain (true by construction); (2) the rank at depth j
+depends on the ranks above only through "the path above is acceptable" (an approximation: it
+ignores that, e.g., a rank-3 parent predicts a harder position than a rank-0 parent).
+`empirical_accept_length` drops assumption (2) by replaying the measured rank vectors through the
+tree; `replay_accept_length` also samples positions as decoding does (jumping by the accepted
+length), which is what the evaluation measures.
+
+Greedy tree (REFERENCE.md section 3): start from (0,), repeatedly add the frontier node (next sibling
+of a node in the tree, or first child of a node in the tree, within D depths and K ranks) with the
+highest product of accuracies along its path. When every acc[d] is non-increasing in r, each
+frontier node scores at most its parent and its previous sibling, so nodes enter in non-increasing
+score order and the tree maximises L among trees of that size whose nodes' parents and previous
+siblings are in the tree. Trees for growing budgets are nested.
+
+Cost: predicted tokens/s = L / (verify(n + 1 tokens) + draft(tree)); verify from a latency profile
+(median over repeats, interpolated in n), draft timed by running the heads as the decoder does.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+Path = tuple[int, ...]
+
+
+# -- 1) measuring ranks ------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None,
+                         pad_token_id: int = 0, batch_size: int = 8) -> list[list[int]]:
+    """Each prompt followed by the base model's greedy answer (up to and including EOS)."""
+    out = []
+    device = next(model.parameters()).device
+    for i in range(0, len(prompts), batch_size):
+        batch = [list(p) for p in prompts[i:i + batch_size]]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)   # left padding
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, p in enumerate(batch):
+            ids[b, width - len(p):] = torch.tensor(p)
+            mask[b, width - len(p):] = 1
+        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                             temperature=None, top_p=None, top_k=None)
+        for b, p in enumerate(batch):
+            new = gen[b, width:].tolist()
+            if eos_token_id is not None and eos_token_id in new:
+                new = new[:new.index(eos_token_id) + 1]
+            out.append(p + new)
+    return out
+
+
+@torch.no_grad()
+def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int = 10,
+                   chunk: int = 256) -> torch.Tensor:
+    """R[i, d-1] for positions t = start + i (t = start .. T-2): rank of the base's greedy token at depth d.
+
+    K (= topk) when the token is not in the head's top-k, -1 when it cannot be known.
+    """
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)   # [T]
+    T, D = ids.numel(), heads.config.num_heads
+    if not 0 <= start <= T - 2:
+        raise ValueError(f"start={start} must leave at least one target in a sequence of {T} tokens")
+    pos = torch.arange(T, device=device)[None]
+    hidden = model.get_decoder()(input_ids=ids[None], position_ids=pos).last_hidden_state   # [1, T, h]
+    greedy = model.get_output_embeddings()(hidden)[0].argmax(-1)                             # [T]: g_{s+1}
+    hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
+    follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
+    t = torch.arange(start, T - 1, device=device)                                             # [N]
+    ranks = torch.full((t.numel(), D), -1, dtype=torch.long)
+    for d in range(1, D + 1):
+        sel = torch.nonzero(t + d <= T - 1).flatten()               # target g_{t+d+1} = greedy[t+d] exists
+        steps = torch.arange(d, device=device)
+        sel = sel[follows[t[sel, None] + steps].all(-1)]            # x_{t+1..t+d} on the greedy path
+        for c in range(0, sel.numel(), chunk):
+            rows = sel[c:c + chunk]
+            tt = t[rows]                                            # [n]
+            path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
+            logits = heads.head_logits(d - 1, hidden[tt], path)     # [n, V]
+            top = logits.topk(topk, dim=-1).indices                 # [n, K]
+            hit = top == greedy[tt + d][:, None]                    # [n, K]
+            rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))
+            ranks[rows.cpu(), d - 1] = rank.cpu()
+    return ranks
+
+
+# -- 2) accuracy table and accepted-length estimates ------------------------------------------
+
+def accuracy_table(ranks: Sequence[torch.Tensor] | torch.Tensor, topk: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """(acc [D, K], counts [D]): acc[d][r] = P(R[:, d] = r | R[:, j] < K for j < d, R[:, d] known)."""
+    R = torch.cat(list(ranks)) if not isinstance(ranks, torch.Tensor) else ranks     # [N, D]
+    R = R.numpy()
+    N, D = R.shape
+    acc, counts = np.zeros((D, topk)), np.zeros(D, dtype=np.int64)
+    above_ok = np.ones(N, dtype=bool)
+    for d in range(D):
+        rows = above_ok & (R[:, d] >= 0)
+        counts[d] = rows.sum()
+        if counts[d]:
+            acc[d] = np.bincount(R[rows, d], minlength=topk + 1)[:topk] / counts[d]
+        above_ok &= (R[:, d] >= 0) & (R[:, d] < topk)
+    return acc, counts
+
+
+def top1_unconditional(ranks: Sequence[torch.Tensor] | torch.Tensor) -> list[float]:
+    """Per head: share of known positions where rank 0 is right, whatever happened above (the papers' head top-1)."""
+    R = (torch.cat(list(ranks)) if not isinstance(ranks, torch.Tensor) else ranks).numpy()
+    known = R >= 0
+    return [float((R[known[:, d], d] == 0).mean()) if known[:, d].any() else 0.0 for d in range(R.shape[1])]
+
+
+def check_paths(paths: Sequence[Sequence[int]], depth: int, topk: int) -> list[Path]:
+    paths = [tuple(int(r) for r in p) for p in paths]
+    present = set(paths)
+    for p in paths:
+        if not p or len(p) > depth or min(p) < 0 or max(p) >= topk:
+            raise ValueError(f"tree node {list(p)} needs depth 1..{depth} and ranks 0..{topk - 1}")
+        if len(p) > 1 and p[:-1] not in present:
+            raise ValueError(f"tree node {list(p)} has no parent {list(p[:-1])} in the tree")
+    if len(present) != len(paths):
+        raise ValueError("tree has duplicate nodes")
+    return paths
+
+
+def predicted_accept_length(acc: np.ndarray, paths: Sequence[Sequence[int]]) -> float:
+    """1 + sum over nodes of the product of acc along the node's path (see the module docstring)."""
+    acc = np.asarray(acc)
+    paths = check_paths(paths, *acc.shape)
+    return 1.0 + float(sum(np.prod([acc[j, r] for j, r in enumerate(p)]) for p in paths))
+
+
+def accepted_depth(rank_row: Sequence[int], tree: set[Path], topk: int) -> int | None:
+    """Depth of the deepest accepted node for one position's rank vector; None if it cannot be known."""
+    depth = 0
+    for d, r in enumerate(rank_row):
+        if r < 0:
+            return None if any(len(p) > d and p[:d] == tuple(rank_row[:d]) for p in tree) else depth
+        if r >= topk or tuple(rank_row[:d + 1]) not in tree:
+            return depth
+        depth = d + 1
+    return depth
+
+
+def empirical_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], topk: int = 10) -> float:
+    """Mean over all knowable positions of 1 + accepted depth, replaying the measured rank vectors."""
+    tree = set(check_paths(paths, ranks[0].shape[1], topk))
+    depths = [accepted_depth(row, tree, topk) for R in ranks for row in R.tolist()]
+    depths = [d for d in depths if d is not None]
+    return 1.0 + float(np.mean(depths)) if depths else float("nan")
+
+
+def replay_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], topk: int = 10) -> float:
+    """Mean tokens per step when greedy tree decoding runs over each sequence (steps jump by what they emit)."""
+    tree = set(check_paths(paths, ranks[0].shape[1], topk))
+    lengths = []
+    for R in ranks:
+        rows, i = R.tolist(), 0
+        while i < len(rows):
+            depth = accepted_depth(rows[i], tree, topk)
+            lengths.append(1 + (depth or 0))   # unknown at the sequence end: count what is certain
+            i += lengths[-1]
+    return float(np.mean(lengths)) if lengths else float("nan")
+
+
+def simulate_accept_length(acc: np.ndarray, paths: Sequence[Sequence[int]], num_draws: int = 100_000,
+                           seed: int = 0) -> float:
+    """Monte Carlo under the model's assumptions: per depth, independently, rank r is right with prob.
+
+    acc[d][r] and none is right with prob. 1 - sum(acc[d]); a step accepts the longest tree path
+    whose every rank is the right one; returns the mean of 1 + accepted depth.
+    """
+    acc = np.asarray(acc, dtype=float)
+    D, K = acc.shape
+    if (acc < 0).any() or (acc.sum(1) > 1 + 1e-9).any():
+        raise ValueError(f"acc rows must be probabilities summing to at most 1, got row sums {acc.sum(1)}")
+    paths = check_paths(paths, D, K)
+    rng = np.random.default_rng(seed)
+    probs = np.concatenate([acc, np.clip(1 - acc.sum(1, keepdims=True), 0, 1)], axis=1)   # [D, K+1]
+    draws = np.stack([rng.choice(K + 1, size=num_draws, p=probs[d] / probs[d].sum()) for d in range(D)], 1)
+    # a node's code: its ranks as digits in base K+1 (compared only with nodes of the same depth)
+    codes = [{sum(r * (K + 1) ** j for j, r in enumerate(p)) for p in paths if len(p) == d} for d in range(1, D + 1)]
+    depth = np.zeros(num_draws, dtype=np.int64)
+    prefix = np.zeros(num_draws, dtype=np.int64)
+    alive = np.ones(num_draws, dtype=bool)
+    for d in range(D):
+        prefix = prefix + draws[:, d] * (K + 1) ** d
+        alive &= (draws[:, d] < K) & np.isin(prefix, list(codes[d]))
+        depth[alive] = d + 1
+    return 1.0 + float(depth.mean())
+
+
+# -- 3) greedy tree construction ---------------------------------------------------------------
+
+def greedy_tree(acc: np.ndarray, budget: int) -> list[Path]:
+    """The first `budget` nodes the greedy construction adds (order of addition; see module docstring)."""
+    acc = np.asarray(acc, dtype=float)
+    D, K = acc.shape
+    if budget < 1:
+        raise ValueError(f"tree budget must be at least 1 node, got {budget}")
+    score: dict[Path, float] = {(): 1.0}
+    frontier: dict[Path, float] = {(0,): acc[0, 0]}
+    tree: list[Path] = []
+    while len(tree) < budget and frontier:
+        # highest score; ties: shallower first, then smaller ranks
+        node = max(frontier, key=lambda p: (frontier[p], -len(p), tuple(-r for r in p)))
+        score[node] = frontier.pop(node)
+        tree.append(node)
+        d, r = len(node), node[-1]
+        if r + 1 < K:
+            frontier[node[:-1] + (r + 1,)] = score[node[:-1]] * acc[d - 1, r + 1]
+        if d < D:
+            frontier[node + (0,)] = score[node] * acc[d, 0]
+    return tree
+
+
+def sort_paths(paths: Sequence[Path]) -> list[list[int]]:
+    """Depth-major, then rank order (the order tree files list nodes in)."""
+    return [list(p) for p in sorted(paths, key=lambda p: (len(p), p))]
+
+
+# -- 4) cost model -----------------------------------------------------------------------------
+
+def machine_description(device: str = "cpu") -> dict:
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
+    """Piecewise-linear in the number of tokens; linear extrapolation from the last two points beyond."""
+    x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    if n > x[-1] and len(x) > 1:
+        return float(y[-1] + (n - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2]))
+    return float(np.interp(n, x, y))
+
+
+def predicted_tokens_per_s(accept_length: float, verify_s: float, draft_s: float) -> float:
+    return accept_length / (verify_s + draft_s)
+
+
+def choose_budget(rows: Sequence[dict]) -> dict:
+    """The row with the highest predicted_tokens_per_s (ties: the smaller tree)."""
+    if not rows:
+        raise ValueError("no candidate trees to choose from")
+    return max(rows, key=lambda row: (row["predicted_tokens_per_s"], -row["budget"]))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn, repeats: int, device: torch.device, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

@@ -1,0 +1,161 @@
+"""Tree calibration: greedy trees, accepted-length predictions, rank measurement, tree choice."""
+import numpy as np
+import pytest
+import torch
+
+from models.base import build_tiny_model
+from models.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
+                                greedy_tree, interpolate_cost, predicted_accept_length, predicted_tokens_per_s,
+                                replay_accept_length, sequence_ranks, simulate_accept_length, top1_unconditional)
+from models.heads import HeadsConfig, build_heads
+
+SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
+                 [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2],
+                 [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1],
+                 [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1]]
+
+
+def decreasing_table(depth=4, topk=10, seed=0):
+    """A plausible acc table: each row decreasing in rank, summing to less than 1."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(depth):
+        w = np.sort(rng.dirichlet(np.ones(topk + 1) * 0.5))[::-1]
+        rows.append(w[:topk] * (0.9 - 0.1 * d) / w[:topk].sum())
+    return np.array(rows)
+
+
+# -- greedy construction -----------------------------------------------------------------------
+
+def test_greedy_tree_is_a_chain_when_rank0_dominates():
+    acc = np.array([[0.9, 0.05, 0.01], [0.8, 0.05, 0.01], [0.7, 0.05, 0.01], [0.6, 0.05, 0.01]])
+    assert greedy_tree(acc, 4) == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    # chain scores .9 .72 .504 .3024 > every sibling (<= .05): the 5th node is the best sibling, (1,)
+    assert greedy_tree(acc, 5)[-1] == (1,)
+
+
+def test_greedy_tree_branches_by_hand_computed_scores():
+    acc = np.array([[0.5, 0.3, 0.1], [0.4, 0.25, 0.1]])
+    # scores: (0,) .5, (1,) .3, (0,0) .2, (0,1) .125, (1,0) .12, (2,) .1, (1,1) .075, (0,2) .05, ...
+    assert greedy_tree(acc, 6) == [(0,), (1,), (0, 0), (0, 1), (1, 0), (2,)]
+    assert predicted_accept_length(acc, greedy_tree(acc, 6)) == pytest.approx(1 + .5 + .3 + .2 + .125 + .12 + .1)
+    # all 3 + 9 nodes fit in a budget of 20: the construction stops when the frontier is empty
+    assert len(greedy_tree(acc, 20)) == 12
+
+
+def test_greedy_trees_are_nested_closed_and_optimal_per_size():
+    acc = decreasing_table()
+    big = greedy_tree(acc, 128)
+    for n in (4, 8, 16, 32, 64):
+        tree = greedy_tree(acc, n)
+        assert tree == big[:n]
+        present = set(tree)
+        for p in tree:   # parent and previous sibling present: a valid rank tree
+            assert len(p) == 1 or p[:-1] in present
+            assert p[-1] == 0 or p[:-1] + (p[-1] - 1,) in present
+    # no swap of a tree node for an outside candidate raises the predicted length
+    tree = greedy_tree(acc, 16)
+    worst = min(np.prod([acc[j, r] for j, r in enumerate(p)]) for p in tree)
+    assert all(np.prod([acc[j, r] for j, r in enumerate(p)]) <= worst + 1e-12 for p in big[16:])
+
+
+# -- accepted-length predictions ---------------------------------------------------------------
+
+@pytest.mark.parametrize("paths_kind", ["greedy", "sparse"])
+def test_predicted_accept_length_matches_simulation(paths_kind):
+    acc = decreasing_table(seed=3)
+    paths = greedy_tree(acc, 32) if paths_kind == "greedy" else SPARSE64_HEAD
+    predicted = predicted_accept_length(acc, paths)
+    simulated = simulate_accept_length(acc, paths, num_draws=200_000, seed=0)
+    assert predicted > 1.5
+    assert simulated == pytest.approx(predicted, abs=0.01)
+
+
+def test_accuracy_table_conditions_on_the_path_above():
+    K = 3   # rows: ranks at depths 1, 2; K = missing, -1 = unknown
+    R = torch.tensor([[0, 0], [0, 1], [1, 0], [K, 0], [2, K], [0, -1]])
+    acc, counts = accuracy_table(R, topk=K)
+    assert counts.tolist() == [6, 4]                     # depth 2: only rows whose depth 1 is in the top-k and known
+    assert acc[0].tolist() == pytest.approx([3 / 6, 1 / 6, 1 / 6])
+    assert acc[1].tolist() == pytest.approx([2 / 4, 1 / 4, 0])
+    assert top1_unconditional(R) == pytest.approx([3 / 6, 3 / 5])
+
+
+def test_empirical_and_replay_accept_lengths_by_hand():
+    K = 10
+    R = torch.tensor([[0, 0], [0, 1], [1, 0], [K, 0], [0, 0], [0, 0]])
+    chain = [[0], [0, 0]]
+    # per position: depths 2, 1, 0, 0, 2, 2 -> mean 7/6 accepted + 1
+    assert empirical_accept_length([R], chain) == pytest.approx(1 + 7 / 6)
+    # decoding visits positions 0 (emits 3), 3 (emits 1), 4 (emits 3): 7 / 3
+    assert replay_accept_length([R], chain) == pytest.approx(7 / 3)
+
+
+def test_empirical_matches_formula_when_ranks_are_independent():
+    acc = decreasing_table(depth=3, seed=5)
+    rng = np.random.default_rng(1)
+    probs = np.concatenate([acc, 1 - acc.sum(1, keepdims=True)], 1)
+    R = torch.tensor(np.stack([rng.choice(11, size=50_000, p=p) for p in probs], 1))
+    paths = greedy_tree(acc, 16)
+    assert empirical_accept_length([R], paths) == pytest.approx(predicted_accept_length(acc, paths), abs=0.02)
+    measured, _ = accuracy_table(R, topk=10)
+    assert np.abs(measured - acc).max() < 0.02
+
+
+# -- tree choice on a latency curve ------------------------------------------------------------
+
+def test_chosen_budget_maximises_tokens_per_s_on_a_synthetic_curve():
+    acc = decreasing_table(seed=2)
+    sizes, flat, steep = [1, 8, 32, 64, 128], [1.0, 1.0, 1.0, 1.02, 1.05], [1.0, 1.7, 4.1, 7.3, 13.7]
+    assert interpolate_cost(sizes, steep, 16) == pytest.approx(1.7 + 8 * 2.4 / 24)
+    assert interpolate_cost(sizes, steep, 129) == pytest.approx(13.7 + 6.4 / 64)
+    chosen = {}
+    for name, curve in [("flat", flat), ("steep", steep)]:
+        rows = []
+        for n in (1, 2, 4, 8, 16, 32, 64, 128):
+            L = predicted_accept_length(acc, greedy_tree(acc, n))
+            rows.append({"budget": n, "predicted_tokens_per_s": predicted_tokens_per_s(
+                L, interpolate_cost(sizes, curve, n + 1), 0.01 * n)})
+        chosen[name] = choose_budget(rows)
+        assert chosen[name]["predicted_tokens_per_s"] == max(r["predicted_tokens_per_s"] for r in rows)
+    assert chosen["steep"]["budget"] < chosen["flat"]["budget"]
+
+
+# -- rank measurement on a tiny model ----------------------------------------------------------
+
+def _noisy_heads(model, family):
+    torch.manual_seed(0)
+    heads = build_heads(HeadsConfig.for_base(model, family=family, num_heads=3), model)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return heads.eval()
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_sequence_ranks_match_brute_force(family):
+    model, tok = build_tiny_model(seed=1)
+    heads = _noisy_heads(model, family)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    (seq,) = greedy_continuations(model, [prompt], max_new_tokens=12, eos_token_id=None,
+                                  pad_token_id=tok.pad_token_id)
+    assert len(seq) == len(prompt) + 12
+    start = len(prompt) - 1
+    K = 128   # half the tiny vocabulary: most ranks are found, so the alignment is really checked
+    R = sequence_ranks(model, heads, seq, start, topk=K)
+    assert R.shape == (len(seq) - 1 - start, 3)
+    assert ((R >= 0) & (R < K)).sum() >= 8
+    ids = torch.tensor(seq)
+    with torch.no_grad():
+        for i in range(R.shape[0]):
+            t = start + i
+            h = model.get_decoder()(input_ids=ids[None, :t + 1]).last_hidden_state
+            h = heads.prefix_forward(h, torch.arange(t + 1)[None])[0, -1]
+            for d in range(1, 4):
+                if t + d > len(seq) - 1:
+                    assert R[i, d - 1] == -1
+                    continue
+                truth = int(model(input_ids=ids[None, :t + d + 1]).logits[0, -1].argmax())
+                top = heads.head_logits(d - 1, h, ids[t + 1:t + d + 1]).topk(K).indices.tolist()
+                assert R[i, d - 1] == (top.index(truth) if truth in top else K)
