@@ -1,0 +1,116 @@
+"""PNG plots from an evaluate summary (matplotlib, Agg backend: no display needed).
+
+    python -m pipelines.tables            (the stage; this module is the library)
+
+    plot_speedup_per_category(summary, "reports/speedup_per_category.png")
+    plot_accept_histogram(summary, "reports/accept_length_histogram.png")
+    plot_speedup_vs_tree_size(summary, "reports/speedup_vs_tree_size.png")
+    plot_calibration(rows, "reports/calibration.png")     # rows from analysis.tables.calibration_rows
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+from analysis.tables import CATEGORIES, ours_label  # noqa: E402
+
+
+def _methods(summary: dict, tree: str | None) -> dict[str, dict]:
+    """Head methods on `tree` (all trees when None) plus the prompt-lookup peer."""
+    return {name: m for name, m in summary["methods"].items()
+            if (m["kind"] == "heads" and (tree is None or m["tree"] == tree)) or m["kind"] == "pld"}
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedup_per_category(summary: dict, path, tree: str | None = None) -> Path:
+    """Grouped bars: speedup per MT-Bench category, one bar per method (on `tree`), std as error bars."""
+    methods = _methods(summary, tree)
+    cats = [c for c in CATEGORIES if any(c in m.get("per_category", {}) for m in methods.values())]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cats) + 2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, (name, m) in enumerate(methods.items()):
+        stats = [m["per_category"].get(c, {}).get("speedup") or {} for c in cats]
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(cats))]
+        ax.bar(xs, [s.get("mean") or 0.0 for s in stats], width, yerr=[s.get("std") or 0.0 for s in stats],
+               label=name, capsize=2)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(cats)), cats, rotation=30)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title(f"Speedup per category: {ours_label(summary, tree)}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def plot_accept_histogram(summary: dict, path, tree: str | None = None) -> Path:
+    """Share of decoding steps that emitted 1, 2, 3, ... tokens, one bar group per method."""
+    methods = _methods(summary, tree)
+    lengths = sorted({int(k) for m in methods.values() for k in m.get("accept_length_histogram", {})}) or [1]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(lengths) + 3), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, (name, m) in enumerate(methods.items()):
+        hist = {int(k): v for k, v in m.get("accept_length_histogram", {}).items()}
+        total = sum(hist.values()) or 1
+        xs = [x + (i - (len(methods) - 1) / 2) * width for x in lengths]
+        ax.bar(xs, [hist.get(x, 0) / total for x in lengths], width, label=name)
+    ax.set_xticks(lengths)
+    ax.set_xlabel("tokens emitted per decoding step (accepted drafts + 1)")
+    ax.set_ylabel("share of steps")
+    ax.set_title(f"Accepted length: {ours_label(summary, tree)}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def plot_speedup_vs_tree_size(summary: dict, path) -> Path:
+    """Speedup against the number of tree nodes, one line per heads name."""
+    by_heads: dict[str, list] = {}
+    for m in summary["methods"].values():
+        if m["kind"] == "heads" and m.get("tree_nodes") and m["speedup"].get("mean") is not None:
+            by_heads.setdefault(m["heads"], []).append((m["tree_nodes"], m["speedup"]["mean"], m["speedup"]["std"] or 0.0,
+                                                        m["tree"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for heads, pts in sorted(by_heads.items()):
+        pts.sort()
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", label=heads,
+                    capsize=2)
+        for n, s, _, tree in pts:
+            ax.annotate(tree, (n, s), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree nodes (draft tokens verified per step)")
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title(f"Speedup vs tree size: {ours_label(summary)}", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_calibration(rows: list[dict], path, title: str = "") -> Path:
+    """Predicted accepted length per node budget (lines) and the measured ones (markers)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if not rows:
+        ax.text(0.5, 0.5, "no results/calibrate/*/calibration.json", ha="center", va="center", transform=ax.transAxes)
+    for heads in sorted({r["heads"] for r in rows}):
+        pts = [r for r in rows if r["heads"] == heads]
+        line, = ax.plot([r["budget"] for r in pts], [r["predicted"] for r in pts], marker=".", label=f"{heads} predicted")
+        meas = [r for r in pts if r["measured"] is not None]
+        if meas:
+            ax.scatter([r["budget"] for r in meas], [r["measured"] for r in meas], marker="x", s=60,
+                       color=line.get_color(), label=f"{heads} measured")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree nodes (budget)")
+    ax.set_ylabel("mean accepted tokens per step")
+    ax.set_title(title or "Calibration: predicted vs measured accepted length", fontsize=9)
+    if rows:
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,222 @@
+"""The papers' tables with our numbers beside the published ones, as Markdown and LaTeX.
+
+    python -m pipelines.tables            (the stage; this module is the library)
+
+    summary = load_summary("results/eval/all/summary.json")
+    tables = build_tables(summary, calibrations=load_calibrations("results/calibrate"))
+    text = to_markdown(tables["hydra"]);  tex = to_latex(tables["hydra"])
+
+Input: the summary written by `pipelines.evaluate` (results/eval/<tag>/summary.json):
+
+    {"tag": "all", "model": "SmolLM2-135M-Instruct", "hardware": "2-core CPU (x86_64)", "profile": "cpu",
+     "settings": {"turns": 1, "max_new_tokens": 64, "repeats": 1, "temperature_mode": "greedy", ...},
+     "baseline": "baseline",
+     "methods": {"<method id>": {
+         "kind": "baseline" | "heads" | "pld" | "reference",
+         "heads": "medusa1" | ... | null, "family": "medusa" | ... | null,
+         "tree": "sparse64" | ... | null, "tree_nodes": 63 | null,
+         "speedup": {"mean", "std", "runs"}, "throughput": {...}, "accept_length": {...},
+         "per_category": {"writing": {"speedup": {...}, "throughput": {...}, "accept_length": {...}}, ...},
+         "accept_length_histogram": {"1": count, "2": count, ...}, "new_tokens", "wall_time", "steps", "turns"}}}
+
+Every row says where its numbers come from: "<model>, <hardware> (paper | Spec-Bench | ours)".
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.published import published_models, published_value
+
+CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MEDUSA_COLUMNS = (("medusa1", "Medusa-1"), ("medusa2", "Medusa-2"))
+HYDRA_COLUMNS = (("medusa1", "Medusa"), ("hydra", "Hydra"), ("hydra_pp", "Hydra++"), ("pld", "PLD"))
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def load_summary(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; run `python -m pipelines.evaluate` (or `dvc repro evaluate`)")
+    summary = json.loads(path.read_text())
+    for key in ("model", "hardware", "methods"):
+        if key not in summary:
+            raise ValueError(f"{path} is not an evaluate summary: no {key!r} key")
+    return summary
+
+
+def load_calibrations(folder: str | Path) -> dict[str, dict]:
+    """{heads name: calibration.json content} for every results/calibrate/<name>/calibration.json."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*/calibration.json"))}
+
+
+# -- formatting ------------------------------------------------------------------------------
+def fmt_speedup(stat, published: bool = False) -> str:
+    if stat is None:
+        return "-"
+    if published:
+        return f"{stat:.2f}x"
+    if stat.get("mean") is None:
+        return "-"
+    std = f" ± {stat['std']:.2f}" if len(stat.get("runs", [])) > 1 else ""
+    return f"{stat['mean']:.2f}x{std}"
+
+
+def fmt_length(stat, published: bool = False) -> str:
+    if stat is None:
+        return "-"
+    if published:
+        return f"{stat:.2f}"
+    return "-" if stat.get("mean") is None else f"{stat['mean']:.2f}"
+
+
+def ours_label(summary: dict, tree: str | None = None) -> str:
+    tree_part = f", tree {tree}" if tree else ""
+    return f"{summary['model']}, {summary['hardware']} (ours{tree_part})"
+
+
+def method_trees(summary: dict) -> list[str]:
+    """Trees of the head methods, in the order they were evaluated."""
+    return list(dict.fromkeys(m["tree"] for m in summary["methods"].values() if m["kind"] == "heads"))
+
+
+def find_method(summary: dict, heads: str, tree: str | None) -> dict | None:
+    """The method entry for a heads name on a tree ("pld" matches the prompt-lookup peer, any tree)."""
+    for m in summary["methods"].values():
+        if heads == "pld" and m["kind"] == "pld":
+            return m
+        if m["kind"] == "heads" and m.get("heads") == heads and m.get("tree") == tree:
+            return m
+    return None
+
+
+# -- the tables ------------------------------------------------------------------------------
+def medusa_table(summary: dict) -> Table:
+    t = Table("medusa", "Medusa: speedup over autoregressive decoding on MT-Bench (batch 1)",
+              ["Base model", "Measured on", *[c for _, c in MEDUSA_COLUMNS]])
+    for model in published_models("medusa"):
+        cells = [published_value("medusa", model, m) for m, _ in MEDUSA_COLUMNS]
+        where = next(c for c in cells if c is not None)
+        t.rows.append([model, where.label, *[fmt_speedup(c.value if c else None, True) for c in cells]])
+    for tree in method_trees(summary):
+        ms = [find_method(summary, m, tree) for m, _ in MEDUSA_COLUMNS]
+        t.rows.append([summary["model"], ours_label(summary, tree), *[fmt_speedup(m["speedup"] if m else None) for m in ms]])
+    t.notes.append("Published: Medusa paper/repo, A100. Ours: same process, methods back to back per question.")
+    return t
+
+
+def hydra_table(summary: dict) -> Table:
+    t = Table("hydra", "Hydra: speedup / mean accepted tokens per step on MT-Bench (greedy, batch 1)",
+              ["Base model", "Measured on", *[c for _, c in HYDRA_COLUMNS]])
+    for table in ("hydra", "specbench"):
+        for model in published_models(table):
+            cells = []
+            for method, _ in HYDRA_COLUMNS:
+                sp = published_value(table, model, method, "speedup")
+                al = published_value(table, model, method, "accept_length")
+                cells.append("-" if sp is None else f"{fmt_speedup(sp.value, True)} / {fmt_length(al.value if al else None, True)}")
+            where = next(c for c in [published_value(table, model, m) for m, _ in HYDRA_COLUMNS] if c is not None)
+            t.rows.append([model, where.label, *cells])
+    for tree in method_trees(summary):
+        cells = []
+        for method, _ in HYDRA_COLUMNS:
+            m = find_method(summary, method, tree)
+            cells.append("-" if m is None else f"{fmt_speedup(m['speedup'])} / {fmt_length(m['accept_length'])}")
+        t.rows.append([summary["model"], ours_label(summary, tree), *cells])
+    t.notes.append("Hydra paper: 63-node tree (sparse64 here). Spec-Bench: Vicuna-7B, A100. "
+                   "PLD = prompt lookup decoding (transformers), tree-independent.")
+    return t
+
+
+def category_table(summary: dict) -> Table:
+    cats = [c for c in CATEGORIES if any(c in m.get("per_category", {}) for m in summary["methods"].values())]
+    t = Table("category", "Speedup per MT-Bench category (ours)", ["Method", "Measured on", *cats, "overall"])
+    for name, m in summary["methods"].items():
+        if m["kind"] not in ("heads", "pld"):
+            continue
+        per = m.get("per_category", {})
+        t.rows.append([name, ours_label(summary), *[fmt_speedup(per.get(c, {}).get("speedup")) for c in cats],
+                       fmt_speedup(m["speedup"])])
+    t.notes.append("The papers publish no per-category speedups for these methods; only ours are shown.")
+    return t
+
+
+def calibration_rows(summary: dict, calibrations: dict[str, dict]) -> list[dict]:
+    """Predicted (calibrate) vs measured (evaluate) accepted length per heads and node budget.
+
+    Reads calibration.json's "budgets": a list of {"budget", "predicted_accept_length", ...} or a dict
+    {budget: {...}}. Measured: the evaluated method with that heads name whose tree has `budget` nodes
+    (e.g. tree=optimal), else empty."""
+    rows = []
+    for heads, cal in calibrations.items():
+        budgets = cal.get("budgets", [])
+        items = budgets.items() if isinstance(budgets, dict) else [(b.get("budget"), b) for b in budgets]
+        for budget, entry in items:
+            if not isinstance(entry, dict) or entry.get("predicted_accept_length") is None:
+                continue
+            measured = [m for m in summary["methods"].values() if m["kind"] == "heads" and m.get("heads") == heads
+                        and m.get("tree_nodes") == int(budget)]
+            rows.append({"heads": heads, "budget": int(budget), "predicted": float(entry["predicted_accept_length"]),
+                         "measured": measured[0]["accept_length"]["mean"] if measured else None,
+                         "tree": measured[0]["tree"] if measured else None})
+    return sorted(rows, key=lambda r: (r["heads"], r["budget"]))
+
+
+def calibration_table(summary: dict, calibrations: dict[str, dict]) -> Table | None:
+    rows = calibration_rows(summary, calibrations)
+    if not rows:
+        return None
+    t = Table("calibration", "Calibrated trees: predicted vs measured mean accepted tokens per step",
+              ["Heads", "Tree nodes", "Predicted", "Measured", "Measured tree"])
+    for r in rows:
+        t.rows.append([r["heads"], str(r["budget"]), f"{r['predicted']:.2f}",
+                       "-" if r["measured"] is None else f"{r['measured']:.2f}", r["tree"] or "-"])
+    t.notes.append(f"Predicted: pipelines.calibrate on held-out data. Measured: {ours_label(summary)}.")
+    return t
+
+
+def build_tables(summary: dict, calibrations: dict[str, dict] | None = None) -> dict[str, Table]:
+    tables = {"medusa": medusa_table(summary), "hydra": hydra_table(summary), "category": category_table(summary)}
+    cal = calibration_table(summary, calibrations or {})
+    if cal is not None:
+        tables["calibration"] = cal
+    return tables
+
+
+# -- rendering -------------------------------------------------------------------------------
+def to_markdown(table: Table) -> str:
+    lines = [f"### {table.title}", "", "| " + " | ".join(table.columns) + " |",
+             "|" + "|".join("---" for _ in table.columns) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    lines += [""] + [f"_{n}_" for n in table.notes]
+    return "\n".join(lines) + "\n"
+
+
+LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    out = "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
+    return out.replace("±", r"$\pm$").replace("++", "{+}{+}")
+
+
+def to_latex(table: Table) -> str:
+    spec = "ll" + "r" * (len(table.columns) - 2)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small", f"\\caption{{{latex_escape(table.title)}}}",
+             f"\\label{{tab:{table.name}}}", f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(latex_escape(c) for c in table.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_escape(c) for c in row) + r" \\" for row in table.rows]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [f"\\par\\footnotesize {latex_escape(n)}" for n in table.notes]
+    lines += [r"\end{table}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,278 @@
+"""MT-Bench speed benchmark, framework-free parts: questions, prompts, per-turn records, Spec-Bench
+metrics, the losslessness comparison and the prompt-lookup peer. `pipelines/evaluate.py` drives it.
+
+    questions = load_questions("artifacts/raw/mt_bench_question.jsonl", num_questions=16)
+    ids = chat_input_ids(tok, ["Hi!"], [])                       # turn 1 prompt (chat template)
+    rec = TurnRecord.from_generation(q, turn=1, method="pld", run=0, result=prompt_lookup_generate(...))
+    summary = summarize_method(runs_of_method, runs_of_baseline)  # speedup, accept length, per category
+
+Metrics follow Spec-Bench (REFERENCE.md section 4): per-question throughput = new tokens of all its
+turns / their wall time; speedup = mean per-question throughput of a method / the baseline's in the
+same run; mean accepted tokens = mean over decoding steps of tokens emitted per step (baseline 1);
+mean and (population) std over runs.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+# -- questions and prompts ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Question:
+    question_id: int
+    category: str
+    turns: tuple[str, ...]
+
+
+def load_questions(path: str | Path, num_questions: int | None = None) -> list[Question]:
+    """MT-Bench questions from a jsonl file. With num_questions, take the first questions of every
+    category in turn (round-robin), so any cut keeps the categories balanced."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"question file {path} does not exist; run `dvc repro assets` first")
+    questions = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = {"question_id", "category", "turns"} - row.keys()
+        if missing:
+            raise ValueError(f"{path}:{line_no} lacks {sorted(missing)}; MT-Bench rows have question_id, category, turns")
+        questions.append(Question(int(row["question_id"]), str(row["category"]), tuple(row["turns"])))
+    if num_questions is None or num_questions >= len(questions):
+        return questions
+    if num_questions < 1:
+        raise ValueError(f"num_questions must be >= 1 or null (all), got {num_questions}")
+    by_cat: dict[str, list[Question]] = defaultdict(list)
+    for q in questions:
+        by_cat[q.category].append(q)
+    picked, depth = [], 0
+    while len(picked) < num_questions:
+        for cat_questions in by_cat.values():
+            if depth < len(cat_questions) and len(picked) < num_questions:
+                picked.append(cat_questions[depth])
+        depth += 1
+    return sorted(picked, key=lambda q: q.question_id)
+
+
+def chat_input_ids(tokenizer, user_turns: list[str], answers: list[str]) -> list[int]:
+    """Chat-template prompt for the next answer: user_turns[i] answered by answers[i]; len(answers) ==
+    len(user_turns) - 1 (the last user turn is the one to answer)."""
+    if len(answers) != len(user_turns) - 1:
+        raise ValueError(f"need one answer per earlier turn: {len(user_turns)} user turns, {len(answers)} answers")
+    messages = []
+    for i, text in enumerate(user_turns):
+        messages.append({"role": "user", "content": text})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):   # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def category_temperature(category: str, mode: str, temperatures: dict) -> float:
+    """0 in greedy mode; REFERENCE.md section 4's per-category temperature in category mode."""
+    if mode == "greedy":
+        return 0.0
+    if mode != "category":
+        raise ValueError(f"temperature_mode {mode!r} is not known; use greedy or category")
+    if category not in temperatures:
+        raise ValueError(f"no temperature for category {category!r}; known: {sorted(temperatures)}")
+    return float(temperatures[category])
+
+
+def rotated(items: list, shift: int) -> list:
+    """items rotated left by shift: question i runs the methods starting at i mod n, so drift cancels."""
+    if not items:
+        return []
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+# -- per-turn records --------------------------------------------------------------------------
+@dataclass
+class TurnRecord:
+    question_id: int
+    category: str
+    turn: int                      # 1-based
+    method: str
+    run: int
+    temperature: float
+    new_tokens: int
+    wall_time: float               # seconds for the whole turn (prefill included)
+    steps: int                     # decoding steps (base-model forward passes after the prefill)
+    accept_lengths: list[int]      # tokens emitted by every step
+    tokens: list[int] = field(default_factory=list, repr=False)   # kept in memory for the lossless check
+
+    @classmethod
+    def from_generation(cls, question: Question, turn: int, method: str, run: int, temperature: float, result):
+        """From any object with new_tokens (list), wall_time, steps and accept_lengths (GenerationResult)."""
+        return cls(question.question_id, question.category, turn, method, run, temperature,
+                   len(result.new_tokens), float(result.wall_time), int(result.steps),
+                   [int(a) for a in result.accept_lengths], list(result.new_tokens))
+
+    def as_dict(self, with_tokens: bool = False) -> dict:
+        d = asdict(self)
+        if not with_tokens:
+            d.pop("tokens")
+        return d
+
+
+# -- Spec-Bench metrics ------------------------------------------------------------------------
+def mean_std(values: list[float]) -> dict:
+    """{"mean", "std", "runs"}; std is the population std (numpy's default, as Spec-Bench)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"mean": None, "std": None, "runs": []}
+    m = sum(vals) / len(vals)
+    return {"mean": m, "std": (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5, "runs": vals}
+
+
+def question_throughputs(records: list[TurnRecord]) -> dict[int, float]:
+    """Per question: new tokens of all its turns / their total wall time (tokens per second)."""
+    tokens, times = Counter(), Counter()
+    for r in records:
+        tokens[r.question_id] += r.new_tokens
+        times[r.question_id] += r.wall_time
+    return {q: tokens[q] / times[q] for q in tokens if times[q] > 0}
+
+
+def mean_throughput(records: list[TurnRecord], questions: set[int] | None = None) -> float | None:
+    tp = question_throughputs(records)
+    vals = [v for q, v in tp.items() if questions is None or q in questions]
+    return sum(vals) / len(vals) if vals else None
+
+
+def mean_accept_length(records: list[TurnRecord]) -> float | None:
+    """Mean over all decoding steps of the tokens each step emitted."""
+    lengths = [a for r in records for a in r.accept_lengths]
+    return sum(lengths) / len(lengths) if lengths else None
+
+
+def speedup(method_records: list[TurnRecord], baseline_records: list[TurnRecord],
+            questions: set[int] | None = None) -> float | None:
+    """Mean per-question throughput of the method / that of the baseline, over the questions both ran."""
+    shared = set(question_throughputs(method_records)) & set(question_throughputs(baseline_records))
+    if questions is not None:
+        shared &= questions
+    m, b = mean_throughput(method_records, shared), mean_throughput(baseline_records, shared)
+    return m / b if m is not None and b else None
+
+
+def summarize_method(runs: list[list[TurnRecord]], baseline_runs: list[list[TurnRecord]]) -> dict:
+    """Spec-Bench summary of one method. runs[i] and baseline_runs[i] are the records of run i."""
+    if len(runs) != len(baseline_runs):
+        raise ValueError(f"{len(runs)} runs of the method but {len(baseline_runs)} of the baseline")
+    categories = sorted({r.category for run in runs for r in run}, key=_category_order)
+
+    def block(run_filter):
+        sp, tp, al = [], [], []
+        for recs, base in zip(runs, baseline_runs):
+            recs, base = run_filter(recs), run_filter(base)
+            sp.append(speedup(recs, base))
+            tp.append(mean_throughput(recs))
+            al.append(mean_accept_length(recs))
+        return {"speedup": mean_std([v for v in sp if v is not None]),
+                "throughput": mean_std([v for v in tp if v is not None]),
+                "accept_length": mean_std([v for v in al if v is not None])}
+
+    out = block(lambda recs: recs)
+    out["per_category"] = {c: block(lambda recs, c=c: [r for r in recs if r.category == c]) for c in categories}
+    all_recs = [r for run in runs for r in run]
+    out["accept_length_histogram"] = {str(k): v for k, v in sorted(Counter(
+        a for r in all_recs for a in r.accept_lengths).items())}
+    out["new_tokens"] = sum(r.new_tokens for r in all_recs)
+    out["wall_time"] = sum(r.wall_time for r in all_recs)
+    out["steps"] = sum(r.steps for r in all_recs)
+    out["turns"] = len(all_recs)
+    return out
+
+
+def _category_order(c: str):
+    return (CATEGORIES.index(c) if c in CATEGORIES else len(CATEGORIES), c)
+
+
+# -- losslessness ------------------------------------------------------------------------------
+def first_difference(reference: list[int], tokens: list[int]) -> int | None:
+    """Index of the first token where the two sequences differ (a length mismatch counts); None if equal."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return i
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+@torch.no_grad()
+def greedy_margin(model, prompt_ids: list[int], reference: list[int], position: int, other_token: int | None) -> float | None:
+    """Logit of the reference's token at `position` minus that of `other_token`, with the model
+    teacher-forced on prompt + reference[:position]. A margin near 0 marks a numerical tie (two
+    tokens equally likely up to float rounding), not a decoding bug."""
+    if other_token is None or position >= len(reference):
+        return None
+    ids = torch.tensor([prompt_ids + reference[:position]], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits[0, -1].float()       # [V]
+    return float(logits[reference[position]] - logits[other_token])
+
+
+# -- prompt lookup decoding (transformers) as a peer -------------------------------------------
+@dataclass
+class PeerResult:
+    new_tokens: list[int]
+    wall_time: float
+    steps: int
+    accept_lengths: list[int]
+
+
+class ForwardCounter:
+    """Forward pre-hook on the base model: the KV-cache length before every forward call."""
+
+    def __init__(self, model):
+        self.cache_lengths: list[int] = []
+        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        self.cache_lengths.append(int(cache.get_seq_length()) if cache is not None else 0)
+
+    def remove(self):
+        self._handle.remove()
+
+
+@torch.no_grad()
+def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num_tokens: int = 10,
+                           max_ngram: int = 2, temperature: float = 0.0, stop_token_ids=None,
+                           pad_token_id: int | None = None) -> PeerResult:
+    """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`); steps and tokens per step are
+    read from the forward calls: call j (after the prefill) emits cache_len[j+1] - cache_len[j] tokens."""
+    stop = list(stop_token_ids or [])
+    device = next(model.parameters()).device
+    ids = torch.tensor([input_ids], device=device)
+    kwargs = dict(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                  top_p=None, top_k=None)
+    counter = ForwardCounter(model)
+    try:
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram,
+                             eos_token_id=stop or None, pad_token_id=pad_token_id, **kwargs)
+        wall = time.perf_counter() - start
+    finally:
+        counter.remove()
+    new = out[0, len(input_ids):].tolist()
+    for i, t in enumerate(new):          # cut after the first stop token (the rest is padding)
+        if t in stop:
+            new = new[:i + 1]
+            break
+    # cache_lengths: [0 (prefill), P, P + a_1, ...]; the prefill emits the first token.
+    starts = counter.cache_lengths[1:]
+    ends = starts[1:] + [len(input_ids) + len(new) - 1]
+    accept = [e - s for s, e in zip(starts, ends)]
+    return PeerResult(new_tokens=new, wall_time=wall, steps=len(accept), accept_lengths=accept)

@@ -1,0 +1,88 @@
+"""Tables and plots from a small synthetic evaluate summary: published and ours side by side."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import plots
+from analysis.published import PUBLISHED, published_cells, published_value
+from analysis.tables import (build_tables, calibration_rows, latex_escape, load_calibrations, load_summary, to_latex,
+                             to_markdown)
+
+
+def stat(mean, std=0.0, runs=None):
+    return {"mean": mean, "std": std, "runs": runs if runs is not None else [mean]}
+
+
+def method(kind, heads=None, tree=None, nodes=None, speedup=1.0, accept=1.0, hist=None):
+    per_cat = {c: {"speedup": stat(speedup * f), "throughput": stat(100.0), "accept_length": stat(accept)}
+               for c, f in (("writing", 0.9), ("math", 1.1))}
+    return {"kind": kind, "heads": heads, "family": heads, "tree": tree, "tree_nodes": nodes,
+            "speedup": stat(speedup, 0.05, [speedup - 0.05, speedup + 0.05]), "throughput": stat(100.0 * speedup),
+            "accept_length": stat(accept), "per_category": per_cat,
+            "accept_length_histogram": hist or {"1": 10, "2": 5}, "new_tokens": 100, "wall_time": 1.0,
+            "steps": 60, "turns": 4}
+
+
+@pytest.fixture
+def summary():
+    methods = {"baseline": method("baseline", speedup=1.0, hist={"1": 40}),
+               "pld": method("pld", speedup=1.1, accept=1.2)}
+    for heads, base in (("medusa1", 1.3), ("medusa2", 1.4), ("hydra", 1.5), ("hydra_pp", 1.6)):
+        for tree, nodes in (("sparse64", 63), ("chain4", 4)):
+            methods[f"{heads}-{tree}"] = method("heads", heads, tree, nodes, speedup=base + nodes / 1000, accept=base + 0.5)
+    return {"tag": "all", "model": "SmolLM2-135M-Instruct", "hardware": "2-core CPU (x86_64)", "profile": "cpu",
+            "settings": {"turns": 1, "max_new_tokens": 64, "repeats": 2}, "baseline": "baseline", "methods": methods}
+
+
+def test_published_cells_carry_model_hardware_and_source():
+    assert published_value("medusa", "Vicuna-7B", "medusa1").value == 2.18
+    assert published_value("hydra", "Vicuna-33B", "hydra_pp", "accept_length").value == 3.62
+    assert published_value("specbench", "Vicuna-7B", "pld").value == 1.60
+    assert published_value("medusa", "Vicuna-33B", "medusa1") is None        # "-" in the paper
+    assert all(c.model and c.hardware and c.source for c in PUBLISHED)
+    assert published_value("medusa", "Vicuna-7B", "medusa2").label == "Vicuna-7B, A100 (paper)"
+    assert len(published_cells(table="hydra", metric="speedup")) == 9
+
+
+def test_tables_put_published_and_ours_side_by_side(summary, tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    tables = build_tables(load_summary(path))
+    assert set(tables) == {"medusa", "hydra", "category"}          # no calibration data given
+
+    md = to_markdown(tables["medusa"])
+    assert "| Vicuna-7B | Vicuna-7B, A100 (paper) | 2.18x | 2.83x |" in md
+    assert "| SmolLM2-135M-Instruct | SmolLM2-135M-Instruct, 2-core CPU (x86_64) (ours, tree sparse64) | 1.36x ± 0.05 | 1.46x ± 0.05 |" in md
+    hydra = to_markdown(tables["hydra"])
+    assert "2.70x / 3.70" in hydra and "1.60x / 1.75" in hydra           # Hydra paper and Spec-Bench rows
+    assert "(ours, tree chain4) | 1.30x ± 0.05 / 1.80 | 1.50x ± 0.05 / 2.00 | 1.60x ± 0.05 / 2.10 | 1.10x ± 0.05 / 1.20 |" in hydra
+    cat = to_markdown(tables["category"])
+    assert "| writing | math | overall |" in cat and "| hydra-sparse64 |" in cat and "baseline |" not in cat
+
+    tex = to_latex(tables["hydra"])
+    assert r"\begin{tabular}" in tex and r"Hydra{+}{+}" in tex and r"$\pm$" in tex
+    assert "Vicuna-13B & Vicuna-13B, GPU (paper) & 1.97x / 2.60" in tex
+    assert latex_escape("hydra_pp 5%") == r"hydra\_pp 5\%"
+
+
+def test_calibration_rows_match_measured_tree_by_node_count(summary, tmp_path):
+    (tmp_path / "hydra").mkdir()
+    (tmp_path / "hydra" / "calibration.json").write_text(json.dumps(
+        {"budgets": [{"budget": 4, "predicted_accept_length": 2.2}, {"budget": 16, "predicted_accept_length": 2.6}]}))
+    rows = calibration_rows(summary, load_calibrations(tmp_path))
+    assert rows == [{"heads": "hydra", "budget": 4, "predicted": 2.2, "measured": 2.0, "tree": "chain4"},
+                    {"heads": "hydra", "budget": 16, "predicted": 2.6, "measured": None, "tree": None}]
+    assert "| hydra | 4 | 2.20 | 2.00 | chain4 |" in to_markdown(build_tables(summary, load_calibrations(tmp_path))["calibration"])
+
+
+def test_plots_are_written(summary, tmp_path):
+    rows = [{"heads": "hydra", "budget": 4, "predicted": 2.2, "measured": 2.0, "tree": "chain4"}]
+    paths = [plots.plot_speedup_per_category(summary, tmp_path / "cat.png", tree="sparse64"),
+             plots.plot_accept_histogram(summary, tmp_path / "hist.png", tree="sparse64"),
+             plots.plot_speedup_vs_tree_size(summary, tmp_path / "size.png"),
+             plots.plot_calibration(rows, tmp_path / "cal.png"),
+             plots.plot_calibration([], tmp_path / "empty.png")]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
