@@ -1,0 +1,175 @@
+"""Acceptance rules for one verified tree: greedy, typical (Medusa), lossless speculative sampling.
+
+    path, bonus = ACCEPTANCE[sampling.acceptance](tokens, buffers, node_logits, sampling, generator, draft_q)
+
+`path` is the list of accepted node indices (root first, so len(path) = accepted drafts + 1);
+`bonus` is the extra token drawn from the base model at the last accepted node. The rules
+(REFERENCE.md section 3):
+- greedy: a draft is accepted while it equals the argmax of the base logits at its parent;
+  the longest accepted path wins. Output = the autoregressive greedy output, token for token.
+- typical: accept x if p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T);
+  longest path, ties by summed log-probability. Not lossless by design.
+- sampling: multi-draft speculative sampling, lossless. At a node, children are tried in
+  rank order: accept child x with min(1, p(x) / q(x)); on rejection p <- norm(max(0, p - q))
+  and q <- q without x, renormalised (the children were drawn from q without replacement);
+  when all children are rejected, or at a leaf, the bonus is drawn from what is left of p.
+  With `draft_q = None` the children are deterministic top-k proposals, i.e. q is a point
+  mass at each child (the residual then drops x from p).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ACCEPTANCE_RULES = ("greedy", "typical", "sampling")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0                 # 0 = no top-k filter
+    acceptance: str = "greedy"     # greedy | typical | sampling (temperature 0 always decodes greedily)
+    epsilon: float = 0.09          # typical acceptance: hard threshold
+    delta: float = 0.3             # typical acceptance: entropy-scaled threshold
+    seed: int | None = None
+    draft: str = "sample"          # sampling acceptance: "sample" the tree's children from the heads'
+                                   # distributions (without replacement) or take their "topk" ranks
+
+    def __post_init__(self):
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance {self.acceptance!r} is not known; use one of {list(ACCEPTANCE_RULES)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {self.temperature}, "
+                             f"{self.top_p}, {self.top_k}")
+        if self.draft not in ("sample", "topk"):
+            raise ValueError(f"draft {self.draft!r} is not known; use 'sample' or 'topk'")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.acceptance == "greedy"
+
+    @property
+    def samples_drafts(self) -> bool:
+        """True when the tree's children are drawn from the heads' (warped) distributions."""
+        return not self.greedy and self.acceptance == "sampling" and self.draft == "sample"
+
+
+def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] (float32) after temperature, top-k and top-p.
+
+    The same function warps the target (base) and the draft (heads) distributions.
+    """
+    x = logits.float() / max(sampling.temperature, 1e-5)
+    V = x.shape[-1]
+    if 0 < sampling.top_k < V:
+        kth = torch.topk(x, sampling.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = sorted_x.softmax(-1)
+        before = sorted_p.cumsum(-1) - sorted_p                         # mass of the tokens ranked above
+        drop = before >= sampling.top_p                                 # the first token is always kept
+        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return x.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class NodeLogits:
+    """Base logits of tree nodes, computed on demand from the verify step's hidden states.
+
+    Only the rows an acceptance rule asks for go through the LM head (a [rows, h] x [h, V]
+    product): the nodes with children in one call, then the last accepted node if it is a leaf.
+    """
+
+    def __init__(self, hidden: torch.Tensor, lm_head):   # hidden: [N, h]
+        self.hidden, self.lm_head = hidden, lm_head
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def rows(self, nodes: list[int]) -> torch.Tensor:     # -> [len(nodes), V]
+        if not nodes:
+            return self.hidden.new_empty(0, self.lm_head.weight.shape[0])
+        missing = [n for n in nodes if n not in self.cache]
+        if missing:
+            out = self.lm_head(self.hidden[missing])
+            for n, row in zip(missing, out):
+                self.cache[n] = row
+        return torch.stack([self.cache[n] for n in nodes])
+
+
+def accept_greedy(tokens, buf, logits: NodeLogits, sampling=None, generator=None, draft_q=None):
+    parents = buf.parent_list
+    pred = torch.full((buf.num_tokens,), -1, dtype=torch.long)
+    pred[parents] = logits.rows(parents).argmax(-1)                   # base argmax at every node with children
+    ri = buf.retrieve                                                  # [L, D+1]
+    ok = (tokens[ri[:, 1:].clamp(min=0)] == pred[ri[:, :-1].clamp(min=0)]) & (ri[:, 1:] >= 0)
+    accepted = ok.long().cumprod(1).sum(1)                             # [L] accepted drafts per path
+    best = int(accepted.argmax())
+    path = ri[best, : int(accepted[best]) + 1].tolist()
+    last = path[-1]
+    bonus = int(pred[last]) if pred[last] >= 0 else int(logits.rows([last])[0].argmax())
+    return path, bonus
+
+
+def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, generator=None, draft_q=None):
+    parents = buf.parent_list
+    probs = (logits.rows(parents).float() / sampling.temperature).softmax(-1)         # [P, V]
+    entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)                                # [P]
+    threshold = torch.clamp(sampling.delta * torch.exp(-entropy), max=sampling.epsilon)  # min(eps, delta e^-H)
+    slot = buf.parent_row[buf.parent[1:]]                              # [N-1] row of each node's parent
+    p_node = probs[slot, tokens[1:]]                                   # [N-1] p(token | parent)
+    ok = torch.cat([torch.ones(1, dtype=torch.bool), p_node > threshold[slot]])
+    logp = torch.cat([torch.zeros(1), torch.log(p_node)])
+    ri = buf.retrieve
+    valid = ri[:, 1:] >= 0
+    ok_path = (ok[ri[:, 1:].clamp(min=0)] & valid).long().cumprod(1)   # [L, D]
+    accepted = ok_path.sum(1)
+    score = (logp[ri[:, 1:].clamp(min=0)] * ok_path).sum(1)            # summed log-prob of the accepted part
+    longest = accepted == accepted.max()
+    best = int(torch.where(longest, score, torch.tensor(float("-inf"))).argmax())
+    path = ri[best, : int(accepted[best]) + 1].tolist()
+    bonus = sample(warp_probs(logits.rows([path[-1]])[0], sampling), generator)
+    return path, bonus
+
+
+def accept_sampling(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, generator=None, draft_q=None):
+    """Lossless multi-draft speculative sampling; draft_q(node) -> q [V] of the node's children, or None."""
+    parents = buf.parent_list
+    p_rows = warp_probs(logits.rows(parents), sampling).double()       # [P, V]
+    slot = buf.parent_row
+    node, path = 0, [0]
+    while True:
+        if not buf.children[node]:                                     # leaf: the bonus comes from the full p
+            return path, sample(warp_probs(logits.rows([node])[0], sampling), generator)
+        p = p_rows[slot[node]].clone()
+        q = None if draft_q is None else draft_q(node).double().clone()
+        nxt = None
+        for child in buf.children[node]:
+            x = int(tokens[child])
+            if q is None:
+                accept_prob = float(p[x])                              # q = point mass at x
+            elif q[x] <= 0:                                            # q's support is used up
+                break
+            else:
+                accept_prob = min(1.0, float(p[x] / q[x]))
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) < accept_prob:
+                nxt = child
+                break
+            if q is None:
+                p[x] = 0.0
+            else:
+                p = torch.clamp_(p - q, min=0.0)
+                q[x] = 0.0
+                q /= q.sum().clamp(min=1e-30)
+            p /= p.sum().clamp(min=1e-30)
+        if nxt is None:
+            return path, sample(p.float(), generator)
+        path.append(nxt)
+        node = nxt
+
+
+ACCEPTANCE = {"greedy": accept_greedy, "typical": accept_typical, "sampling": accept_sampling}

@@ -1,0 +1,86 @@
+"""Drafting a tree of candidate tokens with draft heads: one batched head call per depth.
+
+    drafter = Drafter(heads, sampling, generator)
+    drafter.start(prompt_hidden)                    # [T, h] base hidden states of the prompt
+    tokens, draft_q = drafter.draft(root, buffers)  # tokens [N] (node 0 = root), draft_q(node) -> q [V] or None
+    drafter.advance(hidden[path], position)         # after acceptance: the accepted nodes' base hidden states
+
+- Medusa: head k sees h_t only, so the proposals of one depth are the same for every parent:
+  all heads run once on h_t (one LM-head product when the heads share the base LM head).
+- Hydra: head d-1 sees h_t and the tokens of the path above the node (root x_{t+1} .. parent),
+  so depth d is drafted from its parents' paths, all parents of depth d in one batch.
+- Hydra++: like Hydra, with h_t taken from the prefix decoder layer run causally over the base
+  hidden states. Its own KV cache only ever receives accepted positions (`advance`), so it
+  holds exactly the accepted sequence and needs no rollback.
+Proposals are the top-k ranks of each head, or (lossless sampling with draft="sample") draws
+without replacement from the warped head distribution, by the exponential-race (Gumbel top-k) trick.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from models.acceptance import SamplingConfig, warp_probs
+
+
+class Drafter:
+    def __init__(self, heads, sampling: SamplingConfig, generator: torch.Generator | None = None):
+        self.heads, self.sampling, self.generator = heads, sampling, generator
+        self.family = heads.config.family
+        self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
+        self.h = None                                   # [h] hidden state the heads read (position t)
+
+    # -- state ---------------------------------------------------------------------------------
+    def start(self, hidden: torch.Tensor) -> None:
+        """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1)."""
+        self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
+        self.advance(hidden, 0)
+
+    def advance(self, hidden: torch.Tensor, position: int) -> None:
+        """hidden: [m, h] base hidden states of newly accepted positions position..position+m-1."""
+        if self.prefix_cache is None:
+            self.h = hidden[-1]
+            return
+        pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
+        self.h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
+
+    # -- proposals -----------------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [R, V] -> (proposals [R, k], warped q [R, V] when proposals are sampled, else None)."""
+        if not self.sampling.samples_drafts:
+            return torch.topk(logits, k, dim=-1).indices, None
+        q = warp_probs(logits, self.sampling)
+        race = torch.empty_like(q).exponential_(generator=self.generator)
+        return torch.topk(q / race, k, dim=-1).indices, q          # = k draws from q without replacement
+
+    def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, V]
+        heads = self.heads
+        if getattr(heads.config, "share_lm_head", False):          # one [depth, h] x [h, V] product
+            x = torch.stack([heads.head_hidden(k, self.h) for k in range(depth)])
+            return heads.lm_head(0, x)
+        return torch.stack([heads.head_logits(k, self.h) for k in range(depth)])
+
+    def draft(self, root: int, buf):
+        """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q of its children (or None)."""
+        tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=self.h.device)
+        tokens[0] = root
+        if not buf.levels:
+            return tokens, None
+        q_of: dict[int, torch.Tensor] = {}
+        if self.family == "medusa":
+            K = max(level.num_ranks for level in buf.levels)
+            picks, q = self._pick(self._medusa_logits(len(buf.levels)), K)     # [D, K], [D, V]
+            for d, level in enumerate(buf.levels):
+                tokens[level.nodes] = picks[d, level.ranks]                       # same proposals for every parent
+                if q is not None:
+                    q_of.update({int(p): q[d] for p in level.parents})
+        else:
+            for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
+                P = level.parents.numel()
+                path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
+                logits = self.heads.head_logits(d, self.h.expand(P, -1), path)     # [P, V]
+                picks, q = self._pick(logits, level.num_ranks)                     # [P, R]
+                tokens[level.nodes] = picks[level.parent_slot, level.ranks]
+                if q is not None:
+                    q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
+        return tokens, (q_of.__getitem__ if q_of else None)

@@ -1,0 +1,189 @@
+"""Draft trees: topology as top-k rank paths, validated, and the buffers the decoder needs per tree.
+
+    spec = tree_from_config({"kind": "chain", "depth": 4})       # or kind=paths | dense | file
+    buf = TreeBuffers.build(spec)                                 # cached: built once per tree
+    buf.tree_mask[1, 1, n+1, n+1], buf.depth[n+1], buf.retrieve[leaves, D+1]
+
+A node is a path of ranks, one per depth (REFERENCE.md section 3): (0, 1) is rank 1 among the
+depth-2 proposals below rank 0 of the depth-1 proposals. The root (node 0 in the buffers) is the
+base model's own next token; nodes 1..n are sorted by depth, then by path, so every ancestor
+comes before its descendants and the nodes of one depth are contiguous.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    name: str
+    paths: tuple[tuple[int, ...], ...]
+    topk: int = 10
+
+    def __post_init__(self):
+        paths = tuple(tuple(int(r) for r in p) for p in self.paths)
+        object.__setattr__(self, "paths", paths)
+        if self.topk < 1:
+            raise ValueError(f"tree {self.name!r}: topk must be >= 1, got {self.topk}")
+        seen: set[tuple[int, ...]] = set()
+        for p in paths:
+            if len(p) == 0:
+                raise ValueError(f"tree {self.name!r}: empty node path []; the root is implicit, list only drafts")
+            if p in seen:
+                raise ValueError(f"tree {self.name!r}: node {list(p)} is listed twice")
+            bad = [r for r in p if not 0 <= r < self.topk]
+            if bad:
+                raise ValueError(f"tree {self.name!r}: node {list(p)} has rank {bad[0]}; ranks must be in "
+                                 f"[0, {self.topk}) (topk={self.topk})")
+            seen.add(p)
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in seen:
+                raise ValueError(f"tree {self.name!r}: node {list(p)} has no parent {list(p[:-1])} in the tree")
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, without the root (the verify step feeds num_nodes + 1 tokens)."""
+        return len(self.paths)
+
+    def check_heads(self, num_heads: int) -> None:
+        """A node at depth d needs draft head d-1: the tree may not be deeper than the heads."""
+        for p in self.paths:
+            if len(p) > num_heads:
+                raise ValueError(f"tree {self.name!r}: node {list(p)} has depth {len(p)} but the heads have only "
+                                 f"{num_heads} heads; use a tree of depth <= {num_heads} or more heads")
+
+    def truncated(self, max_depth: int) -> "TreeSpec":
+        """The same tree without nodes deeper than max_depth (used near the context limit)."""
+        if max_depth >= self.depth:
+            return self
+        return TreeSpec(f"{self.name}@{max_depth}", tuple(p for p in self.paths if len(p) <= max_depth), self.topk)
+
+
+def chain_tree(depth: int, topk: int = 10, name: str | None = None) -> TreeSpec:
+    return TreeSpec(name or f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)), topk)
+
+
+def dense_tree(k: int, depth: int, topk: int = 10, name: str | None = None) -> TreeSpec:
+    if k > topk:
+        raise ValueError(f"dense tree: k={k} children per node exceeds topk={topk}")
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)]
+    return TreeSpec(name or f"dense{k}x{depth}", tuple(paths), topk)
+
+
+def tree_from_config(cfg) -> TreeSpec:
+    """TreeSpec from a dict-like config: kind = paths | chain | dense | file (see conf/tree/*.yaml)."""
+    get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
+    kind, topk = get("kind"), int(get("topk", 10) or 10)
+    name = get("name") or kind
+    if kind == "paths":
+        return TreeSpec(name, tuple(tuple(p) for p in get("paths")), topk)
+    if kind == "chain":
+        return chain_tree(int(get("depth")), topk, name)
+    if kind == "dense":
+        return dense_tree(int(get("k")), int(get("depth")), topk, name)
+    if kind == "file":
+        path = Path(str(get("file")))
+        if not path.is_file():
+            raise FileNotFoundError(f"tree file {path} does not exist; it is written by `python -m pipelines.calibrate "
+                                    "heads=<name>` (or pick tree=sparse64 | chain4 | dense)")
+        data = json.loads(path.read_text())
+        if "paths" not in data:
+            raise ValueError(f"tree file {path} has no 'paths' list (keys: {sorted(data)})")
+        return TreeSpec(data.get("name", name), tuple(tuple(p) for p in data["paths"]), int(data.get("topk", topk)))
+    raise ValueError(f"tree kind {kind!r} is not known; use paths | chain | dense | file")
+
+
+@dataclass
+class DepthLevel:
+    """The nodes of one depth d >= 1, for drafting with one batched head call."""
+    nodes: torch.Tensor          # [m] node indices at this depth
+    ranks: torch.Tensor          # [m] rank of each node among its parent's proposals
+    parents: torch.Tensor        # [P] unique parent node indices (depth d-1), sorted
+    parent_slot: torch.Tensor    # [m] row of each node's parent in `parents`
+    parent_paths: torch.Tensor   # [P, d] root-to-parent node indices (the path tokens Hydra head d-1 needs)
+    num_ranks: int               # max rank + 1: how many proposals per parent to take
+
+
+@dataclass
+class TreeBuffers:
+    spec: TreeSpec
+    tree_mask: torch.Tensor      # [1, 1, N, N] bool, N = n+1: node i sees itself and its ancestors
+    depth: torch.Tensor          # [N] long, root 0
+    parent: torch.Tensor         # [N] long, root -1
+    ranks: torch.Tensor          # [N] long, root 0
+    retrieve: torch.Tensor       # [leaves, D+1] root-to-leaf node indices, padded with -1
+    levels: list[DepthLevel]     # levels[d-1] = the nodes at depth d
+    children: list[list[int]]    # children[i] = child node indices of node i, in rank order
+    parent_list: list[int]       # the nodes with children (the rows acceptance needs logits for)
+    parent_row: torch.Tensor     # [N] long: row of a node in parent_list, -1 for leaves
+    _masks: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.depth.numel()
+
+    @staticmethod
+    def build(spec: TreeSpec) -> "TreeBuffers":
+        return _build_cached(spec)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype)."""
+        if dtype not in self._masks:
+            self._masks[dtype] = torch.zeros(self.tree_mask.shape, dtype=dtype).masked_fill_(
+                ~self.tree_mask, torch.finfo(dtype).min)
+        return self._masks[dtype]
+
+
+@functools.lru_cache(maxsize=64)
+def _build_cached(spec: TreeSpec) -> TreeBuffers:
+    nodes = [()] + sorted(spec.paths, key=lambda p: (len(p), p))     # root first, then by depth and path
+    index = {p: i for i, p in enumerate(nodes)}
+    N = len(nodes)
+    parent = [-1] + [index[p[:-1]] for p in nodes[1:]]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    for i, p in enumerate(nodes):
+        for d in range(len(p) + 1):                                 # ancestors p[:0] (root) .. p[:len(p)] (itself)
+            mask[i, index[p[:d]]] = True
+    children = [[] for _ in range(N)]
+    for i in sorted(range(1, N), key=lambda i: nodes[i][-1]):
+        children[parent[i]].append(i)
+    leaves = [i for i in range(N) if not children[i]]
+    D = spec.depth
+    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        p = nodes[leaf]
+        for d in range(len(p) + 1):
+            retrieve[row, d] = index[p[:d]]
+    levels = []
+    for d in range(1, D + 1):
+        at_d = [i for i in range(N) if len(nodes[i]) == d]
+        parents = sorted({parent[i] for i in at_d})
+        slot = {p: s for s, p in enumerate(parents)}
+        paths = [[index[nodes[p][:j]] for j in range(d)] for p in parents]   # root .. parent: d node indices
+        levels.append(DepthLevel(
+            nodes=torch.tensor(at_d), ranks=torch.tensor([nodes[i][-1] for i in at_d]),
+            parents=torch.tensor(parents), parent_slot=torch.tensor([slot[parent[i]] for i in at_d]),
+            parent_paths=torch.tensor(paths).view(len(parents), d), num_ranks=max(nodes[i][-1] for i in at_d) + 1))
+    return TreeBuffers(
+        spec=spec, tree_mask=mask.view(1, 1, N, N), depth=torch.tensor([len(p) for p in nodes]),
+        parent=torch.tensor(parent), ranks=torch.tensor([p[-1] if p else 0 for p in nodes]), retrieve=retrieve,
+        levels=levels, children=children, parent_list=[i for i in range(N) if children[i]],
+        parent_row=torch.tensor(_rows([bool(c) for c in children])))
+
+
+def _rows(flags: list[bool]) -> list[int]:
+    out, k = [], 0
+    for f in flags:
+        out.append(k if f else -1)
+        k += f
+    return out
