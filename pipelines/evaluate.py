@@ -1,0 +1,322 @@
+"""python -m pipelines.evaluate [heads=hydra_pp tree=sparse64] [profile=smoke] [eval.methods=all|selected|auto]
+
+MT-Bench speed evaluation at batch size 1, every method in this one process:
+  baseline                 autoregressive decoding with the base model (heads=None)
+  <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree
+  pld                      transformers' prompt lookup decoding (a peer; eval.prompt_lookup)
+  baseline-<heads>         autoregressive reference of a backbone changed by a LoRA adapter (Medusa-2):
+                           only used to check that family's losslessness, not a table entry
+Which heads and trees: eval.methods (conf/eval/mtbench.yaml). `all` (the default run) = every family in
+profile.eval.families x every tree in profile.eval.trees, written to results/eval/all/ and
+reports/metrics/evaluate.json; overriding heads= or tree= selects that one method (plus baseline and
+PLD), written to results/eval/<heads>-<tree>/ and reports/metrics/evaluate_<heads>-<tree>.json.
+
+Protocol (REFERENCE.md section 4): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
+the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
+eval.temperature_mode=category; for each question the methods run back to back, their order rotated
+from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs.
+Outputs in results/eval/<tag>/: <method>.json (settings, summary, every turn record), summary.json
+(what pipelines.tables reads), lossless_report.json. The stage fails after writing them all when a
+greedy turn of any method differs from its reference, naming question, turn, method and position.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from models.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
+                              load_questions, prompt_lookup_generate, rotated, summarize_method)
+from models.decoding import SamplingConfig, generate
+from models.heads import ADAPTER_DIR, load_heads
+from models.trees import TreeSpec, tree_from_config
+from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+
+METHOD_MODES = ("auto", "all", "selected")
+
+
+class LosslessnessError(RuntimeError):
+    """A greedy method produced tokens that differ from its autoregressive reference."""
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str                      # baseline | heads | pld | reference
+    model: object
+    heads: object = None
+    tree: TreeSpec | None = None
+    heads_name: str | None = None
+    family: str | None = None
+    reference: str | None = None   # the method whose greedy tokens this one must reproduce
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
+                "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
+                "reference": self.reference}
+
+
+# -- 1) which methods ----------------------------------------------------------------------------
+def selection(cfg: DictConfig) -> tuple[str, list[str], list[str | None]]:
+    """(mode, heads names, tree names); tree None = this config's own tree (selected mode)."""
+    if cfg.eval.methods not in METHOD_MODES:
+        raise ValueError(f"eval.methods={cfg.eval.methods!r} is not known; use one of {list(METHOD_MODES)}")
+    if cfg.eval.tag == "all":
+        return "all", list(cfg.profile.eval.families), list(cfg.profile.eval.trees)
+    heads = [] if cfg.heads.get("family") == "none" else [cfg.heads.name]
+    return "selected", heads, [None]
+
+
+def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpec:
+    """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
+    if tree_name is None:
+        return tree_from_config(OmegaConf.to_container(cfg.tree, resolve=True))
+    path = REPO_ROOT / "conf" / "tree" / f"{tree_name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"profile.eval.trees names {tree_name!r} but there is no conf/tree/{tree_name}.yaml; known: {known}")
+    node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": OmegaConf.load(path)})
+    return tree_from_config(OmegaConf.to_container(node, resolve=True)["tree"])
+
+
+def build_methods(cfg: DictConfig, model) -> list[Method]:
+    _, heads_names, tree_names = selection(cfg)
+    methods = [Method("baseline", "baseline", model)]
+    for name in heads_names:
+        folder = Path(cfg.paths.results) / "heads" / name
+        adapted = (folder / ADAPTER_DIR).is_dir()
+        # a LoRA adapter is merged into the backbone: give it its own copy and its own AR reference
+        base, heads = load_heads(folder, copy.deepcopy(model) if adapted else model)
+        reference = f"baseline-{name}" if adapted else "baseline"
+        if adapted:
+            methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
+                                  reference=None))
+        for tree_name in tree_names:
+            tree = tree_for(cfg, tree_name, name)
+            tree.check_heads(heads.config.num_heads)
+            methods.append(Method(f"{name}-{tree_name or cfg.tree.name}", "heads", base, heads, tree, name,
+                                  heads.config.family, reference))
+    if cfg.eval.prompt_lookup.enabled:
+        methods.append(Method("pld", "pld", model, reference="baseline"))
+    return methods
+
+
+# -- 2) running one turn ---------------------------------------------------------------------------
+def sampling_for(cfg: DictConfig, temperature: float, seed: int) -> SamplingConfig:
+    if temperature > 0 and cfg.eval.acceptance == "greedy":
+        raise ValueError(f"temperature {temperature} needs eval.acceptance=typical or sampling "
+                         "(greedy acceptance ignores the temperature); or use eval.temperature_mode=greedy")
+    if temperature <= 0:
+        return SamplingConfig(temperature=0.0, acceptance="greedy")
+    return SamplingConfig(temperature=temperature, acceptance=cfg.eval.acceptance, epsilon=cfg.eval.typical.epsilon,
+                          delta=cfg.eval.typical.delta, seed=seed)
+
+
+def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConfig, temperature: float,
+                  seed: int, stop_ids: list[int]):
+    """One answer by one method -> an object with new_tokens, wall_time, steps, accept_lengths."""
+    max_new = int(cfg.profile.eval.max_new_tokens)
+    if method.kind == "pld":
+        if temperature > 0:
+            torch.manual_seed(seed)
+        return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=cfg.eval.prompt_lookup.num_tokens,
+                                      max_ngram=cfg.eval.prompt_lookup.max_ngram, temperature=temperature,
+                                      stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
+                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+# -- 3) the benchmark loop -------------------------------------------------------------------------
+def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions) -> tuple[dict, dict, dict]:
+    """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts."""
+    ev, stop_ids = cfg.profile.eval, stop_token_ids(methods[0].model, tokenizer)
+    turns = int(ev.turns)
+    records = {m.name: [[] for _ in range(int(ev.repeats))] for m in methods}
+    prompts, answers = {}, {}
+    first = chat_input_ids(tokenizer, [questions[0].turns[0]], [])
+    for m in tqdm(methods, desc="warm-up", leave=False):
+        for _ in range(int(ev.warmup)):
+            generate_turn(m, tokenizer, first, cfg, 0.0, cfg.seed, stop_ids)
+    bar = tqdm(total=int(ev.repeats) * len(questions), desc="MT-Bench", unit="question")
+    for run in range(int(ev.repeats)):
+        for qi, q in enumerate(questions):
+            order = rotated(methods, qi + run) if cfg.eval.rotate_order else methods
+            history: list[str] = []
+            temperature = category_temperature(q.category, cfg.eval.temperature_mode,
+                                                OmegaConf.to_container(cfg.eval.category_temperatures))
+            for turn in range(1, min(turns, len(q.turns)) + 1):
+                ids = chat_input_ids(tokenizer, list(q.turns[:turn]), history)
+                prompts[(run, q.question_id, turn)] = ids
+                seed = cfg.seed + 1000 * run + 10 * q.question_id + turn
+                for m in order:
+                    result = generate_turn(m, tokenizer, ids, cfg, temperature, seed, stop_ids)
+                    records[m.name][run].append(TurnRecord.from_generation(q, turn, m.name, run, temperature, result))
+                base_tokens = records["baseline"][run][-1].tokens
+                history.append(tokenizer.decode([t for t in base_tokens if t not in stop_ids], skip_special_tokens=True))
+            if run == 0:
+                answers[q.question_id] = list(history)
+            bar.update(1)
+            bar.set_postfix_str(_speed_postfix(records, run))
+    bar.close()
+    return records, prompts, answers
+
+
+def _speed_postfix(records: dict, run: int) -> str:
+    base = records["baseline"][run]
+    tps = {n: sum(r.new_tokens for r in recs[run]) / max(1e-9, sum(r.wall_time for r in recs[run]))
+           for n, recs in records.items() if recs[run]}
+    b = tps.get("baseline") or 1.0
+    best = max((n for n in tps if n != "baseline"), key=lambda n: tps[n], default=None)
+    return f"base {b:.1f} tok/s" + (f", best {best} {tps[best] / b:.2f}x" if best and base else "")
+
+
+# -- 4) losslessness -------------------------------------------------------------------------------
+def check_lossless(methods: list[Method], records: dict, prompts: dict, tolerance: float) -> dict:
+    """Every greedy turn of every method against its reference's tokens (the baseline, or the AR run of
+    the same adapted backbone). Mismatches at a float tie (|logit gap| <= tolerance) are reported apart."""
+    by_name = {m.name: m for m in methods}
+    report = {"passed": True, "tie_tolerance": tolerance, "methods": {}, "failures": [], "ties": [],
+              "skipped_sampled_turns": 0}
+    for m in methods:
+        if m.reference is None:
+            continue
+        ref_model = by_name[m.reference].model
+        stats = {"reference": m.reference, "checked_turns": 0, "identical": 0, "ties": 0, "failures": 0}
+        for run, (recs, ref_recs) in enumerate(zip(records[m.name], records[m.reference])):
+            ref_by_key = {(r.question_id, r.turn): r for r in ref_recs}
+            for rec in recs:
+                if rec.temperature > 0:
+                    report["skipped_sampled_turns"] += 1
+                    continue
+                ref = ref_by_key[(rec.question_id, rec.turn)]
+                stats["checked_turns"] += 1
+                pos = first_difference(ref.tokens, rec.tokens)
+                if pos is None:
+                    stats["identical"] += 1
+                    continue
+                got = rec.tokens[pos] if pos < len(rec.tokens) else None
+                margin = greedy_margin(ref_model, prompts[(run, rec.question_id, rec.turn)], ref.tokens, pos, got)
+                entry = {"question_id": rec.question_id, "turn": rec.turn, "run": run, "method": m.name,
+                         "reference": m.reference, "position": pos,
+                         "expected_token": ref.tokens[pos] if pos < len(ref.tokens) else None, "got_token": got,
+                         "expected_length": len(ref.tokens), "got_length": len(rec.tokens), "logit_margin": margin}
+                if margin is not None and abs(margin) <= tolerance:
+                    stats["ties"] += 1
+                    report["ties"].append(entry)
+                else:
+                    stats["failures"] += 1
+                    report["failures"].append(entry)
+        report["methods"][m.name] = stats
+    report["passed"] = not report["failures"]
+    return report
+
+
+def failure_message(report: dict) -> str:
+    lines = [f"losslessness check failed: {len(report['failures'])} greedy turn(s) differ from their reference"]
+    for f in report["failures"][:10]:
+        lines.append(f"  question {f['question_id']} turn {f['turn']} (run {f['run']}): method {f['method']} differs "
+                     f"from {f['reference']} first at new-token position {f['position']} (expected "
+                     f"{f['expected_token']}, got {f['got_token']}; lengths {f['expected_length']} vs {f['got_length']})")
+    return "\n".join(lines)
+
+
+# -- 5) summaries and files ------------------------------------------------------------------------
+def hardware(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(0)} GPU"
+    return f"{os.cpu_count()}-core CPU ({platform.machine()})"
+
+
+def write_results(cfg: DictConfig, methods: list[Method], records: dict, answers: dict, lossless: dict,
+                  model_name: str, device: str) -> dict:
+    out = Path(cfg.paths.results) / "eval" / cfg.eval.tag
+    ev = cfg.profile.eval
+    settings = {"num_questions": len(answers), "turns": int(ev.turns), "max_new_tokens": int(ev.max_new_tokens),
+                "repeats": int(ev.repeats), "warmup": int(ev.warmup), "temperature_mode": cfg.eval.temperature_mode,
+                "acceptance": cfg.eval.acceptance, "rotate_order": bool(cfg.eval.rotate_order),
+                "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device}
+    summary = {"tag": cfg.eval.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
+               "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
+    for m in methods:
+        s = {**m.describe(), **summarize_method(records[m.name], records["baseline"])}
+        summary["methods"][m.name] = s
+        body = {"method": m.name, "model": model_name, "hardware": summary["hardware"], "settings": settings,
+                "summary": s, "runs": [[r.as_dict() for r in run] for run in records[m.name]]}
+        if m.name == "baseline":
+            body["answers"] = {str(q): a for q, a in answers.items()}
+        write_json(out / f"{m.name}.json", body)
+    write_json(out / "summary.json", summary)
+    write_json(out / "lossless_report.json", lossless)
+    metrics = {"tag": cfg.eval.tag, "lossless": lossless["passed"],
+               "baseline_tokens_per_s": summary["methods"]["baseline"]["throughput"]["mean"],
+               "methods": {n: {"speedup": s["speedup"]["mean"], "speedup_std": s["speedup"]["std"],
+                               "accept_length": s["accept_length"]["mean"], "tokens_per_s": s["throughput"]["mean"]}
+                           for n, s in summary["methods"].items() if n != "baseline"}}
+    write_json(Path(cfg.paths.reports) / "metrics" / f"{cfg.eval.metrics_name}.json", metrics)
+    return summary
+
+
+def run_evaluation(cfg: DictConfig) -> dict:
+    """The whole stage; returns the summary. Raises LosslessnessError after writing everything."""
+    torch.set_num_threads(int(cfg.eval.num_threads or os.cpu_count() or 1))
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
+    model, tokenizer = load_model(cfg, device=device)
+    mode, heads_names, trees = selection(cfg)
+    methods = build_methods(cfg, model)
+    log.info("evaluate (%s, tag %s): %d questions x %d turns x %d runs; methods: %s", mode, cfg.eval.tag,
+             len(questions), cfg.profile.eval.turns, cfg.profile.eval.repeats, ", ".join(m.name for m in methods))
+    with mlflow_run(cfg, "evaluate", run_name=f"evaluate-{cfg.eval.tag}"):
+        import mlflow
+
+        with torch.inference_mode():
+            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions)
+        greedy = cfg.eval.temperature_mode == "greedy"
+        lossless = check_lossless(methods, records, prompts, float(cfg.eval.lossless_tie_tolerance)) \
+            if cfg.eval.check_lossless else {"passed": True, "checked": False, "failures": [], "ties": []}
+        lossless["mode"] = "greedy" if greedy else "category temperatures (only T=0 turns checked)"
+        summary = write_results(cfg, methods, records, answers, lossless, cfg.model.name, device)
+        for name, s in summary["methods"].items():
+            key = name.replace("+", "p")
+            if s["speedup"]["mean"] is not None:
+                mlflow.log_metric(f"speedup.{key}", s["speedup"]["mean"])
+            if s["accept_length"]["mean"] is not None:
+                mlflow.log_metric(f"accept_length.{key}", s["accept_length"]["mean"])
+        mlflow.log_metric("lossless", float(lossless["passed"]))
+        out = Path(cfg.paths.results) / "eval" / cfg.eval.tag
+        mlflow.log_artifact(str(out / "summary.json"))
+        mlflow.log_artifact(str(out / "lossless_report.json"))
+    for name, s in summary["methods"].items():
+        if name != "baseline":
+            log.info("%-22s speedup %.3fx  accepted %.2f tokens/step", name, s["speedup"]["mean"] or float("nan"),
+                     s["accept_length"]["mean"] or float("nan"))
+    if not lossless["passed"]:
+        raise LosslessnessError(failure_message(lossless))
+    log.info("lossless: all %s greedy turns equal their reference (%d float ties)",
+             sum(v["checked_turns"] for v in lossless.get("methods", {}).values()), len(lossless.get("ties", [])))
+    return summary
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    run_evaluation(cfg)
+
+
+if __name__ == "__main__":
+    main()

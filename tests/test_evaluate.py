@@ -1,0 +1,182 @@
+"""MT-Bench evaluation: metrics math, prompt lookup counting, and the stage end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from models.base import build_tiny_model
+from models.benchmark import (Question, TurnRecord, chat_input_ids, first_difference, load_questions,
+                              prompt_lookup_generate, rotated, speedup, summarize_method)
+from models.heads import HeadsConfig, build_heads
+from pipelines.common import CONF_DIR
+
+
+def rec(qid, cat, turn, tokens, time, accept, method="m"):
+    return TurnRecord(qid, cat, turn, method, 0, 0.0, tokens, time, len(accept), accept)
+
+
+def test_load_questions_balances_categories(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": ["writing", "math"][i % 2], "turns": [f"q{i}", f"f{i}"]} for i in range(10)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert len(load_questions(path)) == 10
+    picked = load_questions(path, num_questions=3)
+    assert [q.question_id for q in picked] == [0, 1, 2] and {q.category for q in picked} == {"writing", "math"}
+    with pytest.raises(ValueError, match="num_questions"):
+        load_questions(path, num_questions=0)
+
+
+def test_speedup_is_mean_question_throughput_ratio():
+    base = [rec(1, "math", 1, 10, 1.0, [1] * 10), rec(1, "math", 2, 10, 1.0, [1] * 10), rec(2, "writing", 1, 20, 1.0, [1] * 20)]
+    meth = [rec(1, "math", 1, 10, 0.5, [2] * 5), rec(1, "math", 2, 10, 0.5, [3, 3, 4]), rec(2, "writing", 1, 20, 0.5, [2] * 10)]
+    # per-question throughput: base 10 and 20 tok/s, method 20 and 40 tok/s -> 30 / 15
+    assert speedup(meth, base) == pytest.approx(2.0)
+    s = summarize_method([meth, meth], [base, base])
+    assert s["speedup"]["mean"] == pytest.approx(2.0) and s["speedup"]["std"] == pytest.approx(0.0)
+    assert s["accept_length"]["mean"] == pytest.approx(40 / 18)
+    assert s["per_category"]["math"]["speedup"]["mean"] == pytest.approx(2.0)
+    assert s["accept_length_histogram"] == {"2": 30, "3": 4, "4": 2}
+    assert list(s["per_category"]) == ["writing", "math"]            # MT-Bench's category order
+
+
+def test_first_difference_and_rotation():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_prompt_lookup_counts_steps_and_matches_greedy():
+    model, tok = build_tiny_model(seed=1)
+    ids = chat_input_ids(tok, ["abcabcabcabc"], [])
+    out = prompt_lookup_generate(model, ids, max_new_tokens=24, stop_token_ids=[tok.eos_token_id],
+                                 pad_token_id=tok.pad_token_id)
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=[tok.eos_token_id],
+                         pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)[0, len(ids):].tolist()
+    if tok.eos_token_id in ref:
+        ref = ref[:ref.index(tok.eos_token_id) + 1]
+    assert out.new_tokens == ref
+    # the prefill emits the first token; every later forward call emits accept_lengths[j] >= 1 tokens
+    assert sum(out.accept_lengths) == len(out.new_tokens) - 1 and min(out.accept_lengths) >= 1
+    assert out.steps == len(out.accept_lengths)
+
+
+# -- the stage end to end on a tiny model ---------------------------------------------------------
+QUESTIONS = [{"question_id": 1, "category": "writing", "turns": ["Write a haiku about the sea.", "Now one about hills."]},
+             {"question_id": 2, "category": "math", "turns": ["What is 12 * 7?", "And 12 * 8?"]}]
+
+
+@pytest.fixture
+def stage_cfg(tmp_path, monkeypatch):
+    """The real config composed for a tiny model, 2 questions x 2 turns, 2 random-head families x 2 trees."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")     # a throwaway store, fast to create
+    qfile = tmp_path / "questions.jsonl"
+    qfile.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    model, _ = build_tiny_model()
+    for name, family in (("medusa1", "medusa"), ("hydra", "hydra")):
+        cfg = HeadsConfig.for_base(model, family=family, num_heads=4, share_lm_head=True)
+        torch.manual_seed(0)
+        heads = build_heads(cfg, model)
+        with torch.no_grad():       # random (not identity) heads: drafts are often wrong, sometimes right
+            for p in heads.blocks.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        heads.save(tmp_path / "results" / "heads" / name)
+    overrides = ["model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}",
+                 f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={qfile}",
+                 "profile.eval.num_questions=null", "profile.eval.turns=2", "profile.eval.max_new_tokens=12",
+                 "profile.eval.repeats=2", "profile.eval.warmup=1", "profile.eval.trees=[sparse64,chain4]",
+                 "profile.eval.families=[medusa1,hydra]", "eval.num_threads=1"]
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_evaluate_end_to_end(stage_cfg, tmp_path):
+    from pipelines.evaluate import run_evaluation
+
+    summary = run_evaluation(stage_cfg)
+    out = tmp_path / "results" / "eval" / "all"
+    names = {"baseline", "pld", "medusa1-sparse64", "medusa1-chain4", "hydra-sparse64", "hydra-chain4"}
+    assert set(summary["methods"]) == names
+    assert {p.stem for p in out.glob("*.json")} == names | {"summary", "lossless_report"}
+
+    # schema: every turn recorded with tokens, time, steps and per-step accept lengths
+    hydra = read(out / "hydra-sparse64.json")
+    assert hydra["summary"]["kind"] == "heads" and hydra["summary"]["tree_nodes"] == 63
+    assert len(hydra["runs"]) == 2 and len(hydra["runs"][0]) == 4            # 2 questions x 2 turns
+    for r in hydra["runs"][0]:
+        assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["steps"] == len(r["accept_lengths"])
+        assert r["wall_time"] > 0 and r["turn"] in (1, 2)
+    base = read(out / "baseline.json")
+    assert set(base["answers"]) == {"1", "2"} and len(base["answers"]["1"]) == 2
+    assert all(a == 1 for run in base["runs"] for r in run for a in r["accept_lengths"])
+
+    # speedup: mean per-question throughput over the same run's baseline, mean over the 2 runs
+    def tput(recs):
+        per_q = {}
+        for r in recs:
+            t, w = per_q.get(r["question_id"], (0, 0.0))
+            per_q[r["question_id"]] = (t + r["new_tokens"], w + r["wall_time"])
+        return sum(t / w for t, w in per_q.values()) / len(per_q)
+    ratios = [tput(m) / tput(b) for m, b in zip(hydra["runs"], base["runs"])]
+    assert summary["methods"]["hydra-sparse64"]["speedup"]["mean"] == pytest.approx(sum(ratios) / 2)
+    assert summary["methods"]["baseline"]["speedup"]["mean"] == pytest.approx(1.0)
+    assert set(summary["methods"]["pld"]["per_category"]) == {"writing", "math"}
+
+    report = read(out / "lossless_report.json")
+    assert report["passed"] and not report["failures"]
+    assert report["methods"]["hydra-chain4"]["checked_turns"] == 8             # 2 runs x 2 questions x 2 turns
+    metrics = read(tmp_path / "reports" / "metrics" / "evaluate.json")
+    assert metrics["lossless"] and set(metrics["methods"]) == names - {"baseline"}
+
+
+def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
+    from omegaconf import open_dict
+
+    from pipelines.evaluate import run_evaluation
+
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[
+            "heads=hydra", "tree=chain4", "model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}",
+            f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={stage_cfg.data.questions_file}",
+            "profile.eval.num_questions=1", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
+            "eval.prompt_lookup.enabled=false"])
+    assert cfg.eval.tag == "hydra-chain4" and cfg.eval.metrics_name == "evaluate_hydra-chain4"
+    with open_dict(cfg):
+        cfg.eval.num_threads = 1
+    summary = run_evaluation(cfg)
+    assert set(summary["methods"]) == {"baseline", "hydra-chain4"}
+    assert (tmp_path / "results" / "eval" / "hydra-chain4" / "summary.json").is_file()
+    assert (tmp_path / "reports" / "metrics" / "evaluate_hydra-chain4.json").is_file()
+    assert not (tmp_path / "results" / "eval" / "all").exists()
+
+
+def test_broken_method_fails_losslessness_naming_question_turn_position(stage_cfg, tmp_path, monkeypatch):
+    import pipelines.evaluate as ev
+
+    real = ev.generate_turn
+
+    def broken(method, tokenizer, input_ids, cfg, temperature, seed, stop_ids):
+        result = real(method, tokenizer, input_ids, cfg, temperature, seed, stop_ids)
+        if method.name == "medusa1-chain4" and len(input_ids) > 60:     # only turn 2 (its prompt holds turn 1)
+            result.new_tokens[3] = (result.new_tokens[3] + 1) % 200 + 3     # change one token
+        return result
+
+    monkeypatch.setattr(ev, "generate_turn", broken)
+    with pytest.raises(ev.LosslessnessError) as err:
+        ev.run_evaluation(stage_cfg)
+    msg = str(err.value)
+    assert "question 1 turn 2" in msg and "question 2 turn 2" in msg and "method medusa1-chain4" in msg
+    assert "position 3" in msg and "turn 1" not in msg
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")  # written before failing
+    assert not report["passed"] and {f["position"] for f in report["failures"]} == {3}
+    assert report["methods"]["hydra-sparse64"]["failures"] == 0
+    assert (tmp_path / "results" / "eval" / "all" / "summary.json").is_file()
