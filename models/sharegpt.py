@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 log = logging.getLogger("models.sharegpt")
 _SKIP_WS = re.compile(r"\s*")
+_NUMBER_CHARS = set("0123456789.eE+-")
 
 
 @dataclass
@@ -107,8 +108,9 @@ def iter_json_array(path: str | Path, stats: ReadStats | None = None, max_record
             while True:
                 try:
                     record, end = decoder.raw_decode(buf, pos)
-                    # a number ending the buffer may go on in the next chunk ("12" | "34")
-                    if end < len(buf) or eof or isinstance(record, (dict, list, str)):
+                    # a number may go on in the next chunk ("12" | "34", "1.5e" | "3"): wait for what ends it
+                    if eof or isinstance(record, (dict, list, str, bool)) or record is None or (
+                            end < len(buf) and buf[end] not in _NUMBER_CHARS):
                         break
                     refill()
                 except json.JSONDecodeError as err:

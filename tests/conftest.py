@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny random model, the real conf/ composed for a temporary folder, a private MLflow store."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from models.base import build_tiny_model, build_tiny_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = str(REPO_ROOT / "conf")
+
+
+@pytest.fixture
+def tiny_model():
+    """(model, tokenizer): a 2-layer random Llama (hidden 64) with the byte-level ChatML tokenizer."""
+    return build_tiny_model("llama", seed=0)
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    """The tiny model's byte-level tokenizer alone (ChatML template, specials <|im_start|> <|im_end|>)."""
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch) -> str:
+    """MLFLOW_TRACKING_URI pointing at a SQLite store inside tmp_path (never the repository's)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture
+def compose_cfg(tmp_path, mlflow_uri):
+    """compose_cfg(*overrides) -> the real conf/ composed with model=tiny_random, outputs under tmp_path.
+
+    paths.data/results/reports go to tmp_path; paths.artifacts stays the repository's (absolute).
+    Later overrides win, e.g. compose_cfg("profile=smoke", "profile.prepare.max_length=64").
+    """
+    def make(*overrides: str) -> DictConfig:
+        base = ["model=tiny_random", f"paths.artifacts={REPO_ROOT / 'artifacts'}",
+                f"paths.data={tmp_path / 'data'}", f"paths.results={tmp_path / 'results'}",
+                f"paths.reports={tmp_path / 'reports'}"]
+        with initialize_config_dir(CONF_DIR, version_base=None):
+            cfg = compose(config_name="config", overrides=base + list(overrides))
+        OmegaConf.resolve(cfg)
+        return cfg
+    return make
