@@ -159,3 +159,67 @@ def test_sequence_ranks_match_brute_force(family):
                 truth = int(model(input_ids=ids[None, :t + d + 1]).logits[0, -1].argmax())
                 top = heads.head_logits(d - 1, h, ids[t + 1:t + d + 1]).topk(K).indices.tolist()
                 assert R[i, d - 1] == (top.index(truth) if truth in top else K)
+
+
+# -- the stage on a tiny model -----------------------------------------------------------------
+
+def _tiny_stage_config(tmp_path, heads_name):
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.common import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny_random", "profile=smoke", f"heads={heads_name}", f"paths.results={tmp_path}/results",
+            f"paths.reports={tmp_path}/reports", f"data.distilled_dir={tmp_path}/distilled",
+            "profile.calibrate.num_samples=3", "profile.calibrate.max_new_tokens=10",
+            "profile.calibrate.latency_sizes=[1,4,16]", "profile.calibrate.latency_repeats=1",
+            "profile.calibrate.latency_prefix=20", "profile.calibrate.budgets=[2,4,8]"])
+    return cfg
+
+
+def _write_tiny_distilled(folder, tok):
+    from datasets import Dataset, DatasetDict
+
+    rows = {"id": [], "messages": [], "input_ids": [], "labels": []}
+    for i, (q, a) in enumerate([("Hi", "Hello!"), ("Name a fruit", "Apple."), ("2+2?", "4"), ("Bye", "Bye.")]):
+        prompt = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        reply = tok(a + "<|im_end|>")["input_ids"]
+        rows["id"].append(str(i))
+        rows["messages"].append("[]")
+        rows["input_ids"].append(prompt + reply)
+        rows["labels"].append([-100] * len(prompt) + reply)
+    ds = Dataset.from_dict(rows)
+    DatasetDict({"train": ds, "val": ds}).save_to_disk(str(folder))
+
+
+@pytest.mark.parametrize("heads_name,continuation", [("hydra_pp", "greedy"), ("medusa1", "data")])
+def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation):
+    import json
+
+    from models.trees import tree_from_config
+    from pipelines.calibrate import calibrate
+
+    cfg = _tiny_stage_config(tmp_path, heads_name)
+    cfg.profile.calibrate.continuation = continuation
+    model, tok = build_tiny_model(seed=0)
+    _write_tiny_distilled(tmp_path / "distilled", tok)
+    heads = build_heads(HeadsConfig.for_base(model, family=cfg.heads.family, num_heads=cfg.heads.num_heads,
+                                             num_layers=cfg.heads.num_layers, share_lm_head=True), model)
+    heads.save(tmp_path / "results" / "heads" / heads_name)
+
+    done = calibrate(cfg)
+    out = tmp_path / "results" / "calibrate" / heads_name
+    result = json.loads((out / "calibration.json").read_text())
+    assert [b["budget"] for b in result["budgets"]] == [2, 4, 8]
+    assert np.array(result["acc"]).shape == (cfg.heads.num_heads, 10)
+    tps = [b["predicted_tokens_per_s"] for b in result["budgets"]]
+    assert result["chosen"]["predicted_tokens_per_s"] == max(tps)
+    assert (tmp_path / "results" / "calibrate" / "latency.json").is_file()
+    # tree=optimal (conf/tree/optimal.yaml, kind: file) loads what the stage wrote
+    spec = tree_from_config(dict(cfg.tree, kind="file", file=str(out / "optimal_tree.json")))
+    assert spec.num_nodes == result["chosen_budget"]
+    assert {p.name for p in done["files"]} >= {"acc_heatmap.png", "tokens_per_s.png"}
+    assert json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())["chosen_budget"] \
+        == result["chosen_budget"]

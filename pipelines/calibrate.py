@@ -1,0 +1,317 @@
+"""python -m pipelines.calibrate heads=hydra [profile=smoke]     (+task=latency: only the latency profile)
+
+Data-driven trees for one head family on this machine (models/calibration.py has the definitions):
+  1) latency profile of the verify step vs tree tokens (results/calibrate/latency.json, one per
+     machine and model, shared by the families; measured here when missing)
+  2) held-out prompts (val split of the distilled data) continued greedily by the base model
+  3) rank of the base's token in each head's top-k at every position -> acc[d][r]
+  4) greedy tree per node budget; predicted accepted length; step cost = verify(n+1 tokens, from the
+     profile) + draft + accept + commit (timed per tree with the decoder's own functions)
+  5) the tree with the highest predicted tokens/s -> results/calibrate/<heads>/optimal_tree.json
+     (tree=optimal loads it), calibration.json, trees/budget_<n>.json, plots, MLflow run,
+     reports/metrics/calibrate_<heads>.json
+
+DVC runs it on the composed params.yaml with `+select.heads=<name>` (pipelines/common.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from models.calibration import (accuracy_table, choose_budget, empirical_accept_length,
+                                greedy_continuations, greedy_tree, interpolate_cost, machine_description,
+                                predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
+                                sequence_ranks, sort_paths, step_timings, top1_unconditional, verify_latency)
+from models.trees import TreeBuffers, TreeSpec, tree_from_config
+from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+
+FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
+
+
+# -- machine setup -----------------------------------------------------------------------------
+
+def setup_device(cfg: DictConfig) -> str:
+    """Device and torch threads as the evaluation uses them (the tree is chosen for that setup)."""
+    c = cfg.profile.calibrate
+    torch.set_num_threads(int(c.num_threads or os.cpu_count() or 1))
+    if c.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(c.device)
+
+
+# -- latency profile ---------------------------------------------------------------------------
+
+def latency_path(cfg: DictConfig) -> Path:
+    return Path(cfg.paths.results) / "calibrate" / "latency.json"
+
+
+def measure_latency(cfg: DictConfig, model, device: str) -> dict:
+    c = cfg.profile.calibrate
+    log.info("verify latency: sizes %s, %d repeats, %d-token prefix", list(c.latency_sizes), c.latency_repeats,
+             c.latency_prefix)
+    prof = verify_latency(model, list(c.latency_sizes), int(c.latency_repeats), int(c.latency_prefix))
+    record = {"model": cfg.model.name, "dtype": cfg.model.dtype, "machine": machine_description(device),
+              "prefix_len": int(c.latency_prefix), "repeats": int(c.latency_repeats), "statistic": "median", **prof}
+    write_json(latency_path(cfg), record)
+    plot_latency(record, latency_path(cfg).with_suffix(".png"))
+    return record
+
+
+def load_latency(cfg: DictConfig, model, device: str) -> dict:
+    """The saved profile when it is for this model and machine; measured (and saved) when missing."""
+    path = latency_path(cfg)
+    if not path.is_file():
+        log.warning("%s is missing: measuring it now (`dvc repro calibrate_latency` makes it a stage output)", path)
+        return measure_latency(cfg, model, device)
+    record = json.loads(path.read_text())
+    here = machine_description(device)
+    if record.get("model") != cfg.model.name:
+        raise ValueError(f"{path} was measured for model {record.get('model')!r}, not {cfg.model.name!r}; "
+                         "re-run `python -m pipelines.calibrate +task=latency`")
+    changed = {k: (record["machine"].get(k), v) for k, v in here.items() if record["machine"].get(k) != v}
+    if changed:
+        log.warning("%s was measured on another machine or setup (%s); re-run `dvc repro -f calibrate_latency` "
+                    "for this one", path, changed)
+    return record
+
+
+# -- data --------------------------------------------------------------------------------------
+
+def held_out_turns(cfg: DictConfig) -> list[tuple[list[int], list[int]]]:
+    """(prompt, reply) of the first num_samples val rows: the chat template up to the first assistant
+    header, and that first reply's tokens (the data's own answer)."""
+    from datasets import load_from_disk
+
+    folder = Path(cfg.data.distilled_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"distilled data {folder} does not exist; run `dvc repro distill` first")
+    val = load_from_disk(str(folder))["val"]
+    c = cfg.profile.calibrate
+    turns = []
+    for row in val:
+        labels = row["labels"]
+        start = next((i for i, y in enumerate(labels) if y != -100), None)
+        if start is None or start > c.max_prompt_tokens:
+            continue
+        end = next((i for i in range(start, len(labels)) if labels[i] == -100), len(labels))
+        turns.append((list(row["input_ids"][:start]), list(row["input_ids"][start:end])))
+        if len(turns) == c.num_samples:
+            break
+    if not turns:
+        raise ValueError(f"no val row of {folder} has an assistant reply after a prompt of at most "
+                         f"{c.max_prompt_tokens} tokens (profile.calibrate.max_prompt_tokens)")
+    if len(turns) < c.num_samples:
+        log.warning("only %d usable val prompts (profile.calibrate.num_samples=%d)", len(turns), c.num_samples)
+    return turns
+
+
+# -- trees and costs ---------------------------------------------------------------------------
+
+def fixed_tree(cfg: DictConfig, name: str) -> TreeSpec:
+    return tree_from_config(OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "tree" / f"{name}.yaml")))
+
+
+def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: DictConfig) -> dict:
+    """Predicted accepted length (formula and replays), step cost and tokens/s of one tree."""
+    c = cfg.profile.calibrate
+    paths = [list(p) for p in spec.paths]
+    L = predicted_accept_length(acc, paths)
+    verify_s = interpolate_cost(latency["sizes"], latency["seconds"], spec.num_nodes + 1)
+    parts = step_timings(model, heads, spec, int(c.latency_repeats), int(c.latency_prefix))
+    overhead_s = parts["draft"] + parts["accept"] + parts["commit"]
+    tps = predicted_tokens_per_s(L, verify_s, overhead_s)
+    return {"budget": spec.num_nodes, "depth": spec.depth, "predicted_accept_length": L,
+            "empirical_accept_length": empirical_accept_length(ranks, paths, spec.topk),
+            "replay_accept_length": replay_accept_length(ranks, paths, spec.topk),
+            "verify_s": verify_s, "overhead_s": overhead_s, "step_parts_s": parts,
+            "predicted_step_s": verify_s + overhead_s, "predicted_tokens_per_s": tps,
+            "predicted_speedup": tps * latency["baseline_step_s"], "paths": sort_paths(spec.paths)}
+
+
+# -- plots -------------------------------------------------------------------------------------
+
+def plot_latency(record: dict, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(record["sizes"], [1e3 * s for s in record["seconds"]], marker="o")
+    ax.set_xlabel("tokens verified (tree nodes + root)")
+    ax.set_ylabel(f"verify step, ms ({record['statistic']} of {record['repeats']})")
+    ax.set_title(f"{record['model']} on {record['machine']['processor']} ({record['machine']['torch_threads']} threads)",
+                 fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_calibration(result: dict, folder: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = np.array(result["acc"])
+    fig, ax = plt.subplots(figsize=(6, 0.6 * acc.shape[0] + 1.5))
+    im = ax.imshow(acc, cmap="viridis", aspect="auto", vmin=0)
+    for (d, r), v in np.ndenumerate(acc):
+        ax.text(r, d, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < acc.max() / 2 else "k")
+    ax.set_xticks(range(acc.shape[1]))
+    ax.set_yticks(range(acc.shape[0]), [str(d + 1) for d in range(acc.shape[0])])
+    ax.set_xlabel("rank r")
+    ax.set_ylabel("depth d")
+    ax.set_title(f"{result['heads']}: P(rank r is the base's token | path above acceptable)", fontsize=9)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    heatmap = folder / "acc_heatmap.png"
+    fig.savefig(heatmap, dpi=120)
+    plt.close(fig)
+
+    rows = result["budgets"]
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    b = [r["budget"] for r in rows]
+    ax1.plot(b, [r["predicted_tokens_per_s"] for r in rows], marker="o", color="C0", label="predicted tokens/s")
+    ax1.axhline(result["baseline_tokens_per_s"], color="C0", ls=":", label="autoregressive baseline")
+    ax1.scatter([result["chosen_budget"]], [result["chosen"]["predicted_tokens_per_s"]], s=120, facecolors="none",
+                edgecolors="C3", label="chosen")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("tree nodes (budget)")
+    ax1.set_ylabel("tokens / s")
+    ax2 = ax1.twinx()
+    ax2.plot(b, [r["predicted_accept_length"] for r in rows], marker=".", color="C1", label="predicted accept length")
+    ax2.plot(b, [r["replay_accept_length"] for r in rows], marker="x", ls="--", color="C2", label="replayed accept length")
+    ax2.set_ylabel("tokens / step")
+    lines = ax1.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax1.legend(lines, [ln.get_label() for ln in lines], fontsize=7, loc="lower right")
+    ax1.set_title(f"{result['heads']} on {result['machine']['processor']}", fontsize=9)
+    fig.tight_layout()
+    speed = folder / "tokens_per_s.png"
+    fig.savefig(speed, dpi=120)
+    plt.close(fig)
+    return [heatmap, speed]
+
+
+# -- the stage ---------------------------------------------------------------------------------
+
+def calibrate(cfg: DictConfig) -> dict:
+    from models.heads import load_heads
+
+    c = cfg.profile.calibrate
+    out = Path(cfg.paths.results) / "calibrate" / cfg.heads.name
+    torch.manual_seed(cfg.seed)
+    device = setup_device(cfg)
+    base, tokenizer = load_model(cfg, device=device)
+    latency = load_latency(cfg, base, device)
+    model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
+    D, K = heads.config.num_heads, int(c.topk)
+
+    # 1) sequences: held-out prompts + the base model's greedy answers (or the data's own answers)
+    t0 = time.perf_counter()
+    turns = held_out_turns(cfg)
+    prompts = [p for p, _ in turns]
+    if c.continuation == "greedy":
+        seqs = greedy_continuations(model, prompts, int(c.max_new_tokens), tokenizer.eos_token_id,
+                                    tokenizer.pad_token_id, int(c.batch_size))
+    elif c.continuation == "data":   # positions off the greedy path are skipped (models/calibration.py)
+        seqs = [p + r[:int(c.max_new_tokens)] for p, r in turns]
+    else:
+        raise ValueError(f"profile.calibrate.continuation={c.continuation!r}; use greedy or data")
+    # 2) ranks and the accuracy table
+    ranks = [sequence_ranks(model, heads, s, len(p) - 1, K) for s, p in zip(seqs, prompts) if len(s) >= len(p) + 1]
+    if not ranks:
+        raise ValueError("every continuation is empty: nothing to calibrate on")
+    acc, counts = accuracy_table(ranks, K)
+    log.info("%s: %d sequences, %d positions in %.0f s; acc[d][0] = %s", cfg.heads.name, len(ranks),
+             int(counts[0]), time.perf_counter() - t0, np.round(acc[:, 0], 3).tolist())
+
+    # 3) greedy trees per budget, fixed trees, cost, choice
+    rows = []
+    for n in c.budgets:
+        spec = TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K)
+        rows.append(evaluate_tree(spec, acc, ranks, latency, model, heads, cfg))
+    fixed = {}
+    for name in FIXED_TREES:
+        spec = fixed_tree(cfg, name)
+        if spec.depth <= D and spec.topk == K:
+            fixed[name] = evaluate_tree(spec, acc, ranks, latency, model, heads, cfg)
+    chosen = choose_budget(rows)
+    baseline = 1.0 / latency["baseline_step_s"]
+    result = {
+        "heads": cfg.heads.name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
+        "continuation": c.continuation, "num_sequences": len(ranks), "num_positions": int(counts[0]),
+        "acc": acc.tolist(), "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
+        "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
+        "baseline_tokens_per_s": baseline, "budgets": rows, "fixed_trees": fixed,
+        "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
+    }
+
+    # 4) outputs
+    out.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        write_json(out / "trees" / f"budget_{row['budget']}.json",
+                   {"name": f"{cfg.heads.name}_budget{row['budget']}", "paths": row["paths"], "topk": K,
+                    "budget": row["budget"], "predicted_accept_length": row["predicted_accept_length"]})
+    write_json(out / "optimal_tree.json", {
+        "name": "optimal", "paths": chosen["paths"], "topk": K, "budget": chosen["budget"],
+        "predicted_accept_length": chosen["predicted_accept_length"],
+        "predicted_tokens_per_s": chosen["predicted_tokens_per_s"], "heads": cfg.heads.name,
+        "machine": latency["machine"]})
+    write_json(out / "calibration.json", result)
+    metrics = {"chosen_budget": chosen["budget"], "predicted_accept_length": chosen["predicted_accept_length"],
+               "replay_accept_length": chosen["replay_accept_length"],
+               "predicted_tokens_per_s": chosen["predicted_tokens_per_s"],
+               "predicted_speedup": chosen["predicted_speedup"],
+               "acc_top1": [float(a) for a in acc[:, 0]]}
+    write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
+    pngs = plot_calibration(result, out)
+    tree_check = tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")})   # what tree=optimal loads
+    tree_check.check_heads(D)
+    log.info("%s: chosen budget %d, predicted %.2f tokens/step, %.1f tokens/s (%.2fx); %s", cfg.heads.name,
+             chosen["budget"], chosen["predicted_accept_length"], chosen["predicted_tokens_per_s"],
+             chosen["predicted_speedup"], out / "optimal_tree.json")
+    return {"result": result, "metrics": metrics, "files": [out / "optimal_tree.json", out / "calibration.json", *pngs]}
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    task = cfg.get("task", "trees")
+    if task == "latency":
+        with mlflow_run(cfg, "calibrate", run_name="calibrate-latency"):
+            import mlflow
+
+            device = setup_device(cfg)
+            model, _ = load_model(cfg, device=device)
+            record = measure_latency(cfg, model, device)
+            mlflow.log_metrics({f"verify_ms_{n}": 1e3 * s for n, s in zip(record["sizes"], record["seconds"])})
+            mlflow.log_artifact(str(latency_path(cfg)))
+            mlflow.log_artifact(str(latency_path(cfg).with_suffix(".png")))
+        return
+    if task != "trees":
+        raise ValueError(f"task={task!r} is not known; use +task=latency or leave it out (trees)")
+    if cfg.heads.family == "none":
+        raise ValueError("heads=none has no draft heads to calibrate; use heads=medusa1|medusa2|hydra|hydra_pp")
+    with mlflow_run(cfg, "calibrate", run_name=f"calibrate-{cfg.heads.name}"):
+        import mlflow
+
+        done = calibrate(cfg)
+        m = done["metrics"]
+        mlflow.log_metrics({k: v for k, v in m.items() if not isinstance(v, list)})
+        mlflow.log_metrics({f"acc_top1_d{d + 1}": v for d, v in enumerate(m["acc_top1"])})
+        for row in done["result"]["budgets"]:
+            mlflow.log_metrics({"budget_predicted_accept_length": row["predicted_accept_length"],
+                                "budget_replay_accept_length": row["replay_accept_length"],
+                                "budget_predicted_tokens_per_s": row["predicted_tokens_per_s"]}, step=row["budget"])
+        for path in done["files"]:
+            mlflow.log_artifact(str(path))
+
+
+if __name__ == "__main__":
+    main()
