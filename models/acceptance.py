@@ -92,7 +92,7 @@ class NodeLogits:
 
     def rows(self, nodes: list[int]) -> torch.Tensor:     # -> [len(nodes), V]
         if not nodes:
-            return self.hidden.new_empty(0, self.lm_head.weight.shape[0])
+            return self.lm_head(self.hidden[:0])
         missing = [n for n in nodes if n not in self.cache]
         if missing:
             out = self.lm_head(self.hidden[missing])

@@ -1,0 +1,216 @@
+"""pytest tests/test_decoding.py: greedy speculative decoding equals the baseline token for token.
+
+Heads: (a) random (almost nothing accepted) and (b) oracles that propose the baseline's own
+continuation (nearly everything accepted); tiny llama / mistral / qwen2 models; chain4, dense
+and sparse64 trees; stop rules inside an accepted run; the context limit; the KV pruning.
+"""
+import pytest
+import torch
+import yaml
+from torch import nn
+from transformers import DynamicCache
+
+from models.base import build_tiny_model
+from models.decoding import SamplingConfig, generate, verify_tree
+from models.drafting import Drafter
+from models.heads import HeadsConfig, build_heads
+from models.kv_cache import keep_accepted
+from models.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
+from pipelines.common import REPO_ROOT
+
+
+def conf_tree(name):
+    return tree_from_config(yaml.safe_load((REPO_ROOT / "conf" / "tree" / f"{name}.yaml").read_text()))
+
+
+TREES = {"chain4": chain_tree(4), "dense": conf_tree("dense"), "sparse64": conf_tree("sparse64")}
+FAMILIES = ("medusa", "hydra", "hydra_pp")
+
+
+def prompt_ids(tok, text="Tell me a story about a cat."):
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def random_heads(model, family, seed=0):
+    """Freshly built heads with every weight perturbed, so each family's code path matters."""
+    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=4), model).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return heads
+
+
+class OracleHeads(nn.Module):
+    """Proposes the baseline's own continuation: finds t by the nearest baseline hidden state.
+
+    Same interface as DraftHeads (config, head_logits, prefix_forward); ranks > 0 are random tokens.
+    """
+
+    def __init__(self, model, sequence: list[int], family: str, num_heads: int = 4):
+        super().__init__()
+        self.config = HeadsConfig(family=family, num_heads=num_heads, num_layers=1,
+                                  hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size,
+                                  base_model="oracle")
+        self.seq = torch.tensor(sequence)
+        with torch.inference_mode():
+            self.H = model.get_decoder()(input_ids=self.seq[None]).last_hidden_state[0]   # [T, h]
+
+    def head_logits(self, k, hidden, path_tokens=None):
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        t = torch.cdist(flat, self.H).argmin(-1)                                       # position of h_t
+        target = self.seq[(t + k + 2).clamp(max=len(self.seq) - 1)]
+        logits = torch.randn(flat.shape[0], self.config.vocab_size, generator=torch.Generator().manual_seed(k))
+        logits[torch.arange(flat.shape[0]), target] = 100.0
+        return logits.view(*hidden.shape[:-1], -1)
+
+    def prefix_forward(self, hidden, position_ids, cache=None):
+        return hidden
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and the CI machine's 2 cores are shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2"])
+def tiny(request):
+    model, tok = build_tiny_model(arch=request.param, seed=3)
+    ids = prompt_ids(tok)
+    base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
+    return model, tok, ids, base
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_random_heads_equal_baseline(tiny, family):
+    model, tok, ids, base = tiny
+    assert len(base.new_tokens) == 40 and base.accept_lengths == [1] * 39
+    heads = random_heads(model, family)
+    for name, tree in TREES.items():
+        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens, f"{family} / {name} differs from the baseline"
+        assert len(res.new_tokens) == 1 + sum(res.accept_lengths) and res.steps == len(res.accept_lengths)
+        assert res.text == base.text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_oracle_heads_equal_baseline(tiny, family):
+    model, tok, ids, base = tiny
+    heads = OracleHeads(model, ids + base.new_tokens, family)
+    for name, tree in TREES.items():
+        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens, f"oracle {family} / {name} differs from the baseline"
+        best = tree.depth + 1
+        assert res.mean_accepted_length > 0.75 * best, f"{name}: mean accepted {res.mean_accepted_length}"
+        assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps   # drafts = all but prefill + bonuses
+
+
+def test_stop_token_inside_accepted_run(tiny):
+    model, tok, ids, base = tiny
+    seq = base.new_tokens
+    # the first token that appears once at index >= 6: it will sit inside an accepted chain of drafts
+    stop = next(t for i, t in enumerate(seq) if i >= 6 and t not in seq[:i])
+    ref = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[stop])
+    assert ref.new_tokens == seq[: seq.index(stop) + 1] and ref.stop_reason == "eos"
+    heads = OracleHeads(model, ids + seq, "hydra")
+    for tree in TREES.values():
+        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[stop])
+        assert res.new_tokens == ref.new_tokens and res.stop_reason == "eos"
+        assert res.from_draft[-1], "the stop token should have been an accepted draft"
+
+
+def test_max_new_tokens_inside_accepted_run(tiny):
+    model, tok, ids, base = tiny
+    heads = OracleHeads(model, ids + base.new_tokens, "medusa")
+    for n in (1, 2, 7, 13):
+        res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=n, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens[:n] and res.stop_reason == "max_new_tokens"
+
+
+def test_default_stop_is_tokenizer_eos():
+    model, tok = build_tiny_model(arch="llama", seed=11)
+    ids = prompt_ids(tok)
+    free = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[]).new_tokens
+    assert tok.eos_token_id in free                      # this seed emits <|im_end|> at token 21
+    res = generate(model, tok, ids, max_new_tokens=40)
+    assert res.new_tokens == free[: free.index(tok.eos_token_id) + 1] and res.stop_reason == "eos"
+    heads = OracleHeads(model, ids + free, "hydra_pp")
+    assert generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=40).new_tokens == res.new_tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompt_near_context_limit(arch):
+    model, tok = build_tiny_model(arch=arch, max_position_embeddings=64, seed=5)
+    ids = prompt_ids(tok, "x" * 38)                      # 59 tokens: room for 5 positions
+    assert 55 < len(ids) < 64
+    base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
+    assert base.stop_reason == "context_limit" and len(base.new_tokens) == 64 - len(ids) + 1
+    heads = OracleHeads(model, ids + base.new_tokens, "medusa")
+    for tree in TREES.values():
+        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens and res.stop_reason == "context_limit"
+    with pytest.raises(ValueError, match="context is 64"):
+        generate(model, tok, list(range(3, 70)), max_new_tokens=4)
+
+
+def test_tree_deeper_than_heads_fails_at_decode_time():
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    heads = build_heads(HeadsConfig.for_base(model, "medusa", num_heads=2), model)
+    with pytest.raises(ValueError, match=r"node \[0, 0, 0\] has depth 3"):
+        generate(model, tok, [5, 6, 7], heads=heads, tree=TREES["chain4"], max_new_tokens=4)
+
+
+def test_keep_accepted_equals_causal_forward():
+    """After pruning, the cache holds exactly the KV of prefix + accepted path, as a causal run would."""
+    model, tok = build_tiny_model(arch="qwen2", seed=2)
+    dec = model.get_decoder()
+    prefix = torch.randint(3, 200, (1, 12))
+    tree = TreeSpec("t", [[0], [1], [0, 0], [1, 0], [1, 1], [1, 1, 0]], topk=2)
+    buf = TreeBuffers.build(tree)
+    tokens = torch.randint(3, 200, (buf.num_tokens,))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        dec(input_ids=prefix, past_key_values=cache, use_cache=True)
+        hidden = verify_tree(dec, tokens, buf, cache, past=12)
+        path = buf.retrieve[-1][buf.retrieve[-1] >= 0].tolist()          # root -> [1] -> [1,1] -> [1,1,0]
+        assert path != list(range(len(path)))
+        keep_accepted(cache, 12, path, buf.num_tokens)
+        ref_cache = DynamicCache()
+        ref = dec(input_ids=torch.cat([prefix, tokens[path][None]], 1), past_key_values=ref_cache, use_cache=True)
+    assert cache.get_seq_length() == 12 + len(path)
+    for got, want in zip(cache.layers, ref_cache.layers):
+        torch.testing.assert_close(got.keys, want.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.values, want.values, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hidden[path], ref.last_hidden_state[0, 12:], rtol=1e-4, atol=1e-5)
+
+
+def test_hydra_pp_prefix_state_is_incremental():
+    """The drafter's Hydra++ state after start + advance equals the prefix layer run over everything."""
+    model, tok = build_tiny_model(arch="llama", seed=4)
+    heads = random_heads(model, "hydra_pp", seed=1)
+    hidden = torch.randn(20, model.config.hidden_size)
+    with torch.inference_mode():
+        drafter = Drafter(heads, SamplingConfig())
+        drafter.start(hidden[:9])
+        drafter.advance(hidden[9:10], 9)
+        drafter.advance(hidden[10:20], 10)
+        full = heads.prefix_forward(hidden[None], torch.arange(20)[None])[0, -1]
+    assert drafter.prefix_cache.get_seq_length() == 20
+    torch.testing.assert_close(drafter.h, full, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(full, hidden[-1])          # the prefix layer is not the identity here
+
+
+def test_typical_acceptance_runs_and_accepts_oracle():
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = prompt_ids(tok)
+    base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+    heads = OracleHeads(model, ids + base.new_tokens, "medusa")
+    typical = SamplingConfig(temperature=0.01, acceptance="typical", seed=0)   # T -> 0: typical = greedy
+    res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], sampling=typical, max_new_tokens=24,
+                   stop_token_ids=[])
+    assert res.new_tokens == base.new_tokens and res.mean_accepted_length > 3
