@@ -150,7 +150,11 @@ def assistant_spans(tokenizer, messages: list[dict], stop_after_chars: int | Non
 
 
 def _labels(input_ids: list[int], offsets, spans: list[tuple[int, int]]) -> list[int]:
-    """input_ids where a token ends inside an assistant span, else IGNORE_INDEX."""
+    """input_ids where a token ends inside an assistant span, else IGNORE_INDEX.
+
+    A token that straddles the start of a reply (BPE merging the header's "\n" with a reply that
+    starts with spaces) carries reply text, so it counts as assistant.
+    """
     ids = np.asarray(input_ids, dtype=np.int64)               # [T]
     ends = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 1]  # [T] char end of each token
     keep = np.zeros(len(ids), dtype=bool)

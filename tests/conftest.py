@@ -25,10 +25,19 @@ def tiny_tokenizer():
     return build_tiny_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def _mlflow_db(tmp_path_factory) -> Path:
+    # One store for the session: creating a SQLite store takes seconds, opening one a fraction of that.
+    return tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+
+
 @pytest.fixture
-def mlflow_uri(tmp_path, monkeypatch) -> str:
-    """MLFLOW_TRACKING_URI pointing at a SQLite store inside tmp_path (never the repository's)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def mlflow_uri(_mlflow_db, monkeypatch) -> str:
+    """MLFLOW_TRACKING_URI pointing at the session's SQLite store in a temporary folder (never the repository's).
+
+    Tests share the store: compose_cfg gives each test its own experiment name to tell runs apart.
+    """
+    uri = f"sqlite:///{_mlflow_db}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 
@@ -37,13 +46,14 @@ def mlflow_uri(tmp_path, monkeypatch) -> str:
 def compose_cfg(tmp_path, mlflow_uri):
     """compose_cfg(*overrides) -> the real conf/ composed with model=tiny_random, outputs under tmp_path.
 
-    paths.data/results/reports go to tmp_path; paths.artifacts stays the repository's (absolute).
+    paths.data/results/reports go to tmp_path; paths.artifacts stays the repository's (absolute);
+    mlflow.experiment is unique to the test (the store is shared, see mlflow_uri).
     Later overrides win, e.g. compose_cfg("profile=smoke", "profile.prepare.max_length=64").
     """
     def make(*overrides: str) -> DictConfig:
         base = ["model=tiny_random", f"paths.artifacts={REPO_ROOT / 'artifacts'}",
                 f"paths.data={tmp_path / 'data'}", f"paths.results={tmp_path / 'results'}",
-                f"paths.reports={tmp_path / 'reports'}"]
+                f"paths.reports={tmp_path / 'reports'}", f"mlflow.experiment=test-{tmp_path.name}"]
         with initialize_config_dir(CONF_DIR, version_base=None):
             cfg = compose(config_name="config", overrides=base + list(overrides))
         OmegaConf.resolve(cfg)

@@ -1,0 +1,71 @@
+"""Every option of every config group composes; unknown options fail with Hydra's list; params.yaml is current."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+from pipelines.params import compose_params
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF = REPO_ROOT / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+
+
+def compose_with(*overrides: str):
+    with initialize_config_dir(str(CONF), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_the_groups_the_pipeline_needs_are_there():
+    assert {"model", "heads", "tree", "data", "profile", "trainer", "eval"} <= set(GROUPS)
+    for group, option in [("model", "smollm2_135m"), ("model", "tiny_random"), ("profile", "cpu"),
+                          ("profile", "smoke"), ("profile", "paper"), ("tree", "sparse64")]:
+        assert (group, option) in OPTIONS
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_resolves(group, option):
+    cfg = compose_with(f"{group}={option}")
+    resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    assert isinstance(resolved[group], dict) and resolved[group]
+    assert isinstance(resolved[group].get("name", ""), str)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_unknown_option_lists_the_available_ones(group):
+    with pytest.raises(MissingConfigException) as err:
+        compose_with(f"{group}=no_such_option")
+    message = str(err.value)
+    assert "Available options" in message
+    for g, option in OPTIONS:
+        if g == group:
+            assert option in message
+
+
+def test_unknown_option_on_a_stage_command_line():
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    out = subprocess.run([sys.executable, "-m", "pipelines.prepare", "model=no_such_model"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0
+    assert "Could not find 'model/no_such_model'" in out.stderr and "smollm2_135m" in out.stderr
+
+
+def test_params_yaml_is_the_composition_of_conf(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert (REPO_ROOT / "params.yaml").read_text() == compose_params([]), (
+        "params.yaml is stale: run `python -m pipelines.params` after changing conf/")
+
+
+def test_profile_prepare_keys():
+    for profile in ("smoke", "cpu", "paper"):
+        prepare = compose_with(f"profile={profile}").profile.prepare
+        assert prepare.max_length > 0
+        assert prepare.max_conversations is None or prepare.max_conversations > 0
