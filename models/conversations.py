@@ -12,7 +12,6 @@ tokenizer's own chat template, so any template that renders messages in order wo
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -204,10 +203,3 @@ def tokenize_conversations(tokenizer, conversations: list[list[dict]], max_lengt
 def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int], bool]:
     """(input_ids, labels, truncated) for one conversation of {"role": "user"|"assistant", "content"}."""
     return tokenize_conversations(tokenizer, [messages], max_length)[0]
-
-
-def count_events(cleaned: list[Cleaned]) -> tuple[Counter, Counter]:
-    """(dropped by reason, events of kept conversations)."""
-    dropped = Counter(c.reason for c in cleaned if c.reason)
-    events = Counter(e for c in cleaned if c.reason is None for e in c.events)
-    return dropped, events
