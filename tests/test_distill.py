@@ -5,12 +5,22 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from models.conversations import IGNORE_INDEX, tokenize_conversation
 from models.distill_gen import GenerationSettings, Generated, HFGenerator, replay_conversations
 from pipelines import distill
 from pipelines.prepare import FEATURES
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster than two, and the two cores are shared with other work."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def write_prepared(path, tokenizer, n_train=9, n_val=2):

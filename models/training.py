@@ -1,0 +1,375 @@
+"""Training draft heads with Lightning: one module per family and their losses (REFERENCE.md section 2).
+
+    module = HydraModule(heads, base_model, Recipe(kind="hydra", lr=1e-3))
+    trainer = fit_resumable(module, train_loader, val_loader, "results/checkpoints/hydra", fingerprint, max_epochs=2)
+
+Targets: head k at position t predicts token t+k+2, and the position counts only when that token
+is an assistant token (labels != -100). A batch (see `collate`) holds input_ids, labels and
+attention_mask [B, T] (right padding) and, when the frozen base's hidden states come from the
+cache, `hidden` [B, T, h]; without it the modules run the frozen backbone themselves.
+
+  Medusa1Module   frozen backbone, loss sum_k 0.8^k CE_k
+  HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing)
+  HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)
+  Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^k CE_k
+"""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+IGNORE_INDEX = -100
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Recipe:
+    kind: str                           # medusa1 | medusa2 | hydra | hydra_pp
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.1
+    warmup_steps: int | None = None     # wins over warmup_ratio when set
+    max_warmup_ratio: float | None = None   # cap on the warm-up share (small runs: 100 steps may be most of them)
+    min_lr_ratio: float = 0.0           # cosine decays to lr * min_lr_ratio
+    head_decay: float = 0.8             # head k weighted head_decay^k
+    lm_loss_weight: float = 1.0         # CE against the data's token
+    teacher_loss_weight: float = 0.0    # soft CE against the frozen base's distribution (Hydra++)
+    head_lr_multiplier: float = 1.0     # Medusa-2: heads lr = lr * this
+    medusa_lambda: float = 0.2          # Medusa-2: weight of the heads' loss
+    lambda_schedule: str = "sine"       # Medusa-2: sine | constant
+    lm_loss: str = "kl"                 # Medusa-2: kl (to the adapters-off model) | ce (to the labels)
+
+    KINDS = ("medusa1", "medusa2", "hydra", "hydra_pp")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"recipe kind {self.kind!r} is not known; use one of {list(self.KINDS)}")
+        if self.lambda_schedule not in ("sine", "constant"):
+            raise ValueError(f"lambda_schedule {self.lambda_schedule!r}: use sine or constant")
+        if self.lm_loss not in ("kl", "ce"):
+            raise ValueError(f"lm_loss {self.lm_loss!r}: use kl (self-distilled data) or ce")
+
+    @classmethod
+    def from_dict(cls, d: dict, ignore: tuple[str, ...] = ()) -> "Recipe":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - set(ignore)
+        if unknown:
+            raise ValueError(f"unknown recipe keys {sorted(unknown)}; known: {sorted(known | set(ignore))}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+class HeadsDataset(torch.utils.data.Dataset):
+    """Examples of (input_ids, labels) and, optionally, the cached base hidden states [T, h]."""
+
+    def __init__(self, input_ids: list[list[int]], labels: list[list[int]], hidden=None):
+        self.input_ids, self.labels, self.hidden = input_ids, labels, hidden
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> dict:
+        item = {"input_ids": torch.as_tensor(self.input_ids[i]), "labels": torch.as_tensor(self.labels[i])}
+        if self.hidden is not None:
+            item["hidden"] = self.hidden[i]
+        return item
+
+
+def collate(items: list[dict], pad_id: int = 0) -> dict:
+    """Right padding: input_ids/labels/attention_mask [B, T], hidden [B, T, h] when present."""
+    T = max(len(x["input_ids"]) for x in items)
+    B = len(items)
+    out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+           "labels": torch.full((B, T), IGNORE_INDEX, dtype=torch.long),
+           "attention_mask": torch.zeros((B, T), dtype=torch.long)}
+    if "hidden" in items[0]:
+        out["hidden"] = torch.zeros((B, T, items[0]["hidden"].shape[-1]), dtype=items[0]["hidden"].dtype)
+    for b, x in enumerate(items):
+        n = len(x["input_ids"])
+        out["input_ids"][b, :n] = x["input_ids"]
+        out["labels"][b, :n] = x["labels"]
+        out["attention_mask"][b, :n] = 1
+        if "hidden" in x:
+            out["hidden"][b, :n] = x["hidden"]
+    return out
+
+
+def head_positions(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, t, target) of head k: every t whose token t+k+2 is an assistant token. labels: [B, T]."""
+    target = labels[:, k + 2:]                            # [B, T-k-2]: the token head k predicts from t
+    b, t = (target != IGNORE_INDEX).nonzero(as_tuple=True)
+    return b, t, target[b, t]
+
+
+def path_tokens(input_ids: torch.Tensor, b: torch.Tensor, t: torch.Tensor, k: int) -> torch.Tensor:
+    """[N, k+1]: the true tokens x_{t+1} .. x_{t+k+1} above head k's target (Hydra's teacher forcing)."""
+    offsets = torch.arange(1, k + 2, device=t.device)     # [k+1]
+    return input_ids[b[:, None], t[:, None] + offsets]
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+
+
+def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -sum_v softmax(teacher)_v log softmax(logits)_v. [N, V] each."""
+    return -(F.softmax(teacher_logits.float(), -1) * F.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of KL(softmax(ref) || softmax(logits)). [N, V] each."""
+    ref = F.log_softmax(ref_logits.float(), -1)
+    return F.kl_div(F.log_softmax(logits.float(), -1), ref, log_target=True, reduction="batchmean")
+
+
+def topk_hits(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> dict[int, torch.Tensor]:
+    """Number of rows whose target is among the top-k logits, per k."""
+    top = logits.topk(max(ks), dim=-1).indices            # [N, kmax]
+    hit = top == target[:, None]
+    return {k: hit[:, :k].any(-1).sum() for k in ks}
+
+
+def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
+    """Linear warm-up, then cosine decay from 1 to min_ratio (a factor on the base lr)."""
+    def fn(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+
+
+class HeadsModule(pl.LightningModule):
+    """Frozen backbone, heads trained. Subclasses set how a head sees its input (path tokens, prefix layer)."""
+
+    uses_path = False
+
+    def __init__(self, heads, base_model, recipe: Recipe, log_prefix: str = ""):
+        super().__init__()
+        self.heads, self.recipe, self.log_prefix = heads, recipe, log_prefix
+        # Not a submodule: the frozen base is neither trained nor written into checkpoints.
+        self._frozen = {"base": base_model}
+        self.fingerprint = None
+
+    @property
+    def base(self):
+        return self._frozen["base"]
+
+    def on_fit_start(self):
+        self.base.to(self.device)
+
+    def on_validation_start(self):
+        self.base.to(self.device)
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["fingerprint"] = self.fingerprint
+
+    # -- forward pieces ------------------------------------------------------------------------
+    def base_hidden(self, batch) -> torch.Tensor:
+        """[B, T, h] of the frozen base: from the cache when the batch carries it."""
+        if "hidden" in batch:
+            return batch["hidden"]
+        with torch.no_grad():
+            return self.base.get_decoder()(input_ids=batch["input_ids"],
+                                           attention_mask=batch["attention_mask"]).last_hidden_state
+
+    def head_inputs(self, hidden: torch.Tensor, batch) -> torch.Tensor:
+        return hidden
+
+    def heads_loss(self, head_hidden: torch.Tensor, base_hidden: torch.Tensor, batch) -> tuple[torch.Tensor, list]:
+        """sum_k decay^k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits, targets) for metrics."""
+        r, total, per_head = self.recipe, head_hidden.new_zeros(()), []
+        base_lm_head = self.base.get_output_embeddings()
+        for k in range(self.heads.config.num_heads):
+            b, t, target = head_positions(batch["labels"], k)
+            if len(t) == 0:
+                per_head.append(None)
+                continue
+            path = path_tokens(batch["input_ids"], b, t, k) if self.uses_path else None
+            logits = self.heads.head_logits(k, head_hidden[b, t], path)            # [N, V]
+            loss_k = logits.new_zeros(())
+            if r.lm_loss_weight:
+                loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(logits.float(), target)
+            if r.teacher_loss_weight:
+                # The teacher is the frozen base's distribution for the same token: its LM head at
+                # position t+k+1 (which predicts t+k+2), recomputed from the cached hidden state with the
+                # frozen LM head (one matmul; storing [T, V] logits would cost 85x the hidden cache).
+                with torch.no_grad():
+                    teacher = base_lm_head(base_hidden[b, t + k + 1].to(base_lm_head.weight.dtype))
+                loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher)
+            total = total + r.head_decay ** k * loss_k
+            per_head.append((loss_k.detach(), logits.detach(), target))
+        return total, per_head
+
+    def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
+        base_hidden = self.base_hidden(batch)
+        loss, per_head = self.heads_loss(self.head_inputs(base_hidden, batch), base_hidden, batch)
+        return loss, per_head, {}
+
+    # -- Lightning hooks -----------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        loss, per_head, extra = self.compute(batch)
+        p = self.log_prefix
+        self.log(f"{p}train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        for k, item in enumerate(per_head):
+            if item is not None:
+                self.log(f"{p}train/loss_head{k}", item[0], batch_size=len(item[2]))
+        for name, value in extra.items():
+            self.log(f"{p}train/{name}", value, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss, per_head, _ = self.compute(batch)
+        p = self.log_prefix
+        self.log(f"{p}val/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0], sync_dist=True)
+        for k, item in enumerate(per_head):
+            if item is None:
+                continue
+            _, logits, target = item
+            hits = topk_hits(logits, target)
+            for kk, n in hits.items():  # weighted by the number of targets: the epoch value is the accuracy
+                self.log(f"{p}val/top{kk}_head{k}", n.float() / len(target), batch_size=len(target),
+                         sync_dist=True)
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": [p for p in self.heads.parameters() if p.requires_grad], "lr": self.recipe.lr, "name": "heads"}]
+
+    def configure_optimizers(self):
+        r = self.recipe
+        groups = self.param_groups()
+        opt = torch.optim.AdamW(groups, lr=r.lr, weight_decay=r.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = r.warmup_steps if r.warmup_steps is not None else round(r.warmup_ratio * total)
+        if r.max_warmup_ratio is not None:
+            warmup = min(warmup, round(r.max_warmup_ratio * total))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, r.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Medusa1Module(HeadsModule):
+    """Medusa-1: independent heads on h_t, frozen backbone."""
+
+
+class HydraModule(HeadsModule):
+    """Hydra: head k sees h_t and the embeddings of the true tokens x_{t+1..t+k+1}."""
+
+    uses_path = True
+
+
+class HydraPPModule(HydraModule):
+    """Hydra++: the prefix decoder layer runs causally over the base hidden states; its output feeds the heads."""
+
+    def head_inputs(self, hidden, batch):
+        B, T, _ = hidden.shape
+        positions = torch.arange(T, device=hidden.device).expand(B, T)   # right padding: pads come after
+        return self.heads.prefix_forward(hidden, positions)
+
+
+class Medusa2Module(HeadsModule):
+    """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^k CE_k.
+
+    `backbone` is a peft model over the base; L_LM is KL to the same model with the adapters
+    switched off (self-distilled data: the base's own distribution is the target) or CE to the
+    labels. The adapters-off hidden states come from the cache when the batch carries them.
+    """
+
+    def __init__(self, heads, backbone, recipe: Recipe, log_prefix: str = ""):
+        super().__init__(heads, backbone, recipe, log_prefix)
+        self.backbone = backbone           # a submodule: Lightning moves and trains its LoRA weights
+        self.strict_loading = False        # checkpoints hold the trainable weights only
+
+    def on_save_checkpoint(self, checkpoint):
+        super().on_save_checkpoint(checkpoint)
+        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def lambda_now(self) -> float:
+        """lambda * s(t) while training (s: sine warm-up over all steps, or 1); lambda on validation."""
+        r = self.recipe
+        if r.lambda_schedule == "constant" or not self.training:
+            return r.medusa_lambda
+        return r.medusa_lambda * math.sin(min(1.0, self.global_step / self.total_steps) * math.pi / 2)
+
+    def configure_optimizers(self):
+        self.total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        return super().configure_optimizers()
+
+    def compute(self, batch):
+        decoder, lm_head = self.backbone.get_base_model().get_decoder(), self.backbone.get_output_embeddings()
+        hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        # L_LM at every position whose next token is an assistant token
+        nxt = batch["labels"][:, 1:]
+        b, p = (nxt != IGNORE_INDEX).nonzero(as_tuple=True)
+        logits = lm_head(hidden[b, p])                                          # [N, V]
+        if self.recipe.lm_loss == "kl":
+            if "hidden" in batch:
+                ref_hidden = batch["hidden"][b, p]
+            else:
+                with torch.no_grad(), self.backbone.disable_adapter():
+                    ref_hidden = decoder(input_ids=batch["input_ids"],
+                                         attention_mask=batch["attention_mask"]).last_hidden_state[b, p]
+            with torch.no_grad():
+                ref_logits = lm_head(ref_hidden.to(lm_head.weight.dtype))
+            lm_loss = kl_to_reference(logits, ref_logits)
+        else:
+            lm_loss = F.cross_entropy(logits.float(), nxt[b, p])
+        heads_loss, per_head = self.heads_loss(hidden, hidden, batch)
+        lam = self.lambda_now()
+        return lm_loss + lam * heads_loss, per_head, {"lm_loss": lm_loss.detach(), "lambda": lam}
+
+    def param_groups(self):
+        lora = [p for p in self.backbone.parameters() if p.requires_grad]
+        heads = [p for p in self.heads.parameters() if p.requires_grad]
+        return [{"params": lora, "lr": self.recipe.lr, "name": "lora"},
+                {"params": heads, "lr": self.recipe.lr * self.recipe.head_lr_multiplier, "name": "heads"}]
+
+
+MODULES = {"medusa1": Medusa1Module, "hydra": HydraModule, "hydra_pp": HydraPPModule, "medusa2": Medusa2Module}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fit with resume
+
+
+def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str | Path, fingerprint: str,
+                  max_epochs: int, trainer_kwargs: dict | None = None, logger=False, callbacks=(),
+                  every_n_train_steps: int | None = None) -> pl.Trainer:
+    """trainer.fit, resuming from ckpt_dir/last.ckpt when it exists and was written for `fingerprint`.
+
+    A last.ckpt of other settings (data, recipe, code) is discarded. A finished run resumed
+    returns at once with the module holding the final weights.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    last = ckpt_dir / "last.ckpt"
+    resume = None
+    if last.is_file():
+        saved = torch.load(last, map_location="cpu", weights_only=False).get("fingerprint")
+        if saved == fingerprint:
+            resume = str(last)
+            log.info("resuming from %s", last)
+        else:
+            log.warning("%s was written for other settings (%s, now %s): starting over", last, saved, fingerprint)
+            shutil.rmtree(ckpt_dir)
+    module.fingerprint = fingerprint
+    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=0, save_last=True,
+                                 every_n_train_steps=every_n_train_steps)
+    kwargs = {"enable_model_summary": False, "num_sanity_val_steps": 0, **(trainer_kwargs or {})}
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[checkpoint, *callbacks],
+                         default_root_dir=str(ckpt_dir), **kwargs)
+    trainer.fit(module, train_loader, val_loader, ckpt_path=resume)
+    return trainer

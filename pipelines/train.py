@@ -1,0 +1,241 @@
+"""python -m pipelines.train heads=medusa1|medusa2|hydra|hydra_pp [profile=smoke] [trainer=gpu] [profile.train.data=prepared]
+
+DVC runs it on the composed params.yaml, where a group override no longer exists, so the family is
+swapped in with `+select.heads=<name>` (pipelines/common.py loads conf/heads/<name>.yaml and resolves
+it against the rest of the config):
+    python -m pipelines.train --config-dir . --config-name params +select.heads=hydra
+
+  1) data: the distilled conversations (profile.train.data=distilled, default) or the prepared ones,
+     cut to profile.train.max_length; only assistant tokens are targets
+  2) frozen-backbone families: the base hidden states of all examples, computed once into
+     results/cache/hidden/<model>/<key>/ (key = model + data + lengths) and reused by every family
+     and epoch (profile.train.hidden_cache)
+  3) fit the family's LightningModule (models/training.py), resuming from
+     results/checkpoints/<heads>/last.ckpt when it was written for the same settings;
+     Medusa-2 = stage 1 heads only (on the cache) + stage 2 LoRA backbone and heads together
+  4) heads folder results/heads/<heads> (+ adapter/ for Medusa-2), per-head val top-1/top-5 in
+     reports/metrics/train_<heads>.json; everything logged to MLflow through Lightning's MLFlowLogger
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from datasets import load_from_disk
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import LearningRateMonitor
+
+from models.heads import HeadsConfig, build_heads
+from models.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
+from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Medusa1Module, Recipe, collate, fit_resumable)
+from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+
+# Recipe keys the stage reads itself (the rest configure models.training.Recipe).
+STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
+CODE_FILES = ("models/training.py", "models/heads.py", "models/hidden_cache.py", "pipelines/train.py")
+
+
+def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
+    """Per split (input_ids, labels) cut to max_length, keeping examples where head 0 has a target."""
+    t = cfg.profile.train
+    source = t.get("data", "distilled")
+    if source not in ("distilled", "prepared"):
+        raise ValueError(f"profile.train.data={source!r}: use distilled (self-distilled answers) or prepared")
+    folder = Path(cfg.data.distilled_dir if source == "distilled" else cfg.data.prepared_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{source} data {folder} does not exist; run `dvc repro {source[:-2] if source == 'prepared' else 'distill'}`"
+                                " first (or set profile.train.data=prepared|distilled)")
+    data, n = load_from_disk(str(folder)), int(t.max_length)
+    limits = {"train": t.get("max_train_samples"), "val": t.get("max_val_samples")}
+    out = {}
+    for split in ("train", "val"):
+        ids_list, labels_list = [], []
+        for ids, labels in zip(data[split]["input_ids"], data[split]["labels"]):
+            ids, labels = list(ids[:n]), list(labels[:n])
+            if any(l != IGNORE_INDEX for l in labels[2:]):
+                ids_list.append(ids)
+                labels_list.append(labels)
+            if limits[split] and len(ids_list) >= limits[split]:
+                break
+        if not ids_list:
+            raise ValueError(f"no {split} example of {folder} has an assistant token past position 2 within "
+                             f"max_length={n}")
+        out[split] = (ids_list, labels_list)
+    return out
+
+
+def effective_epochs(cfg: DictConfig) -> int:
+    """The recipe's epochs when it has its own (Hydra++: 10), else the profile's; capped by profile.train.max_epochs."""
+    epochs = cfg.heads.recipe.get("epochs") or cfg.profile.train.epochs
+    cap = cfg.profile.train.get("max_epochs")
+    return int(min(epochs, cap) if cap else epochs)
+
+
+def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
+    """What a checkpoint must match to be resumed: settings, data and the training code."""
+    code = hashlib.sha256(b"".join((REPO_ROOT / f).read_bytes() for f in CODE_FILES)).hexdigest()
+    items = {"heads": OmegaConf.to_container(cfg.heads, resolve=True),
+             "train": OmegaConf.to_container(cfg.profile.train, resolve=True),
+             "model": [cfg.model.name, str(cfg.model.source), cfg.model.dtype], "precision": str(cfg.trainer.precision),
+             "seed": int(cfg.seed), "data": data_key, "code": code, "part": part}
+    return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_recipe(cfg: DictConfig) -> Recipe:
+    d = OmegaConf.to_container(cfg.heads.recipe, resolve=True)
+    d.setdefault("max_warmup_ratio", cfg.profile.train.get("max_warmup_ratio"))
+    return Recipe.from_dict(d, ignore=STAGE_KEYS)
+
+
+def unigram_baseline(train_labels, val_labels) -> float:
+    """Top-1 of always guessing the most frequent training target, on head 0's val targets."""
+    counts = Counter(l for labels in train_labels for l in labels[2:] if l != IGNORE_INDEX)
+    top = counts.most_common(1)[0][0]
+    targets = [l for labels in val_labels for l in labels[2:] if l != IGNORE_INDEX]
+    return sum(l == top for l in targets) / max(1, len(targets))
+
+
+def run_train(cfg: DictConfig, callbacks=()) -> dict:
+    """Steps 1) to 4); returns the metrics also written to reports/metrics/train_<heads>.json."""
+    t0, t, h = time.time(), cfg.profile.train, cfg.heads
+    if h.family == "none":
+        raise ValueError("heads=none has nothing to train; use heads=medusa1|medusa2|hydra|hydra_pp")
+    recipe = make_recipe(cfg)
+    pl.seed_everything(int(cfg.seed), workers=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(cfg, device=device)
+    model.requires_grad_(False)
+    # 1) data
+    data = load_examples(cfg)
+    data_key = sequences_fingerprint([s for split in data.values() for part in split for s in part])
+    # 2) hidden cache (Medusa-2 uses it for its heads-only stage and as the adapters-off reference)
+    hidden = {"train": None, "val": None}
+    t_cache = time.time()
+    if t.get("hidden_cache", True):
+        for split, (ids, _) in data.items():
+            key = cache_key(model, ids)
+            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / key
+            hidden[split] = HiddenCache.build(model, ids, folder, batch_size=int(t.get("cache_batch_size", 8)),
+                                              desc=f"hidden cache {split}")
+    t_cache = time.time() - t_cache
+    # 3) heads and module
+    heads = build_heads(HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads),
+                                             num_layers=int(h.num_layers), dropout=float(h.dropout),
+                                             share_lm_head=bool(h.share_lm_head)), model)
+    heads.requires_grad_(True)   # the Hydra++ prefix layer is a copy of a (frozen) base layer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def loader(split, limit=None, shuffle=False):
+        ids, labels = data[split]
+        n = min(len(ids), limit or len(ids))
+        ds = HeadsDataset(ids[:n], labels[:n], hidden[split])
+        g = torch.Generator().manual_seed(int(cfg.seed))
+        return torch.utils.data.DataLoader(ds, batch_size=int(t.batch_size), shuffle=shuffle, generator=g,
+                                           collate_fn=lambda items: collate(items, pad))
+
+    trainer_kwargs = {"accelerator": cfg.trainer.accelerator, "devices": cfg.trainer.devices,
+                      "num_nodes": int(cfg.trainer.num_nodes), "strategy": cfg.trainer.strategy,
+                      "precision": cfg.trainer.precision, "accumulate_grad_batches": int(t.grad_accum),
+                      "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
+                      "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
+                      "enable_progress_bar": bool(t.get("progress_bar", True))}
+    ckpt_root = Path(cfg.paths.results) / "checkpoints" / h.name
+    epochs = effective_epochs(cfg)
+    every = t.get("checkpoint_every_n_steps")
+    out_dir = Path(cfg.paths.results) / "heads" / h.name
+    with mlflow_run(cfg, "train", run_name=f"train-{h.name}") as run:
+        import mlflow
+        from pytorch_lightning.loggers import MLFlowLogger
+
+        logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, run_id=run.info.run_id,
+                              tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
+        cbs = [LearningRateMonitor(logging_interval="step"), *callbacks]
+        t_fit = time.time()
+        if recipe.kind != "medusa2":
+            module = MODULES[recipe.kind](heads, model, recipe)
+            trainer = fit_resumable(module, loader("train", shuffle=True), loader("val"), ckpt_root,
+                                    fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
+            steps = {"fit": trainer.global_step}
+        else:
+            module, trainer, steps = train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
+                                                   trainer_kwargs, logger, cbs, every)
+        t_fit = time.time() - t_fit
+        # 4) final figures, heads folder, metrics
+        final = trainer.validate(module, loader("val"), verbose=False)[0]
+        save_heads(heads, module if recipe.kind == "medusa2" else None, out_dir)
+        metrics = {
+            "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
+            "epochs": epochs, "steps": steps, "train_examples": len(data["train"][0]),
+            "val_examples": len(data["val"][0]),
+            "train_targets_head0": sum(sum(l != IGNORE_INDEX for l in x[2:]) for x in data["train"][1]),
+            "val_loss": round(float(final["val/loss"]), 4),
+            "val_top1": {f"head{k}": round(float(final.get(f"val/top1_head{k}", float("nan"))), 4)
+                         for k in range(int(h.num_heads))},
+            "val_top5": {f"head{k}": round(float(final.get(f"val/top5_head{k}", float("nan"))), 4)
+                         for k in range(int(h.num_heads))},
+            "baseline_unigram_top1": round(unigram_baseline(data["train"][1], data["val"][1]), 4),
+            "cache_time_s": round(t_cache, 1), "fit_time_s": round(t_fit, 1), "wall_time_s": round(time.time() - t0, 1),
+        }
+        path = write_json(Path(cfg.paths.reports) / "metrics" / f"train_{h.name}.json", metrics)
+        mlflow.log_metrics({f"final_val_top{n}_head{k}": v for n in (1, 5)
+                            for k, v in enumerate(metrics[f"val_top{n}"].values())})
+        mlflow.log_metrics({"fit_time_s": metrics["fit_time_s"], "baseline_unigram_top1": metrics["baseline_unigram_top1"]})
+        mlflow.log_artifacts(str(out_dir), artifact_path="heads")
+        mlflow.log_artifact(str(path))
+    log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f) in %.0f s", h.name, metrics["val_top1"],
+             metrics["val_top5"], metrics["baseline_unigram_top1"], metrics["wall_time_s"])
+    return metrics
+
+
+def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
+    """Stage 1: heads only on the frozen base (Medusa-1 with the heads' lr). Stage 2: LoRA backbone + heads."""
+    from peft import LoraConfig, get_peft_model
+
+    r, t = cfg.heads.recipe, cfg.profile.train
+    stage1 = max(1, round(float(r.stage1_fraction) * epochs)) if float(r.stage1_fraction) > 0 else 0
+    stage2 = max(1, epochs - stage1)
+    steps = {}
+    if stage1:
+        rec1 = dataclasses.replace(recipe, kind="medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
+        module1 = Medusa1Module(heads, model, rec1, log_prefix="stage1/")
+        trainer1 = fit_resumable(module1, loader("train", shuffle=True), loader("val"), ckpt_root / "stage1",
+                                 fingerprint(cfg, data_key, "stage1"), stage1, trainer_kwargs, logger, cbs, every)
+        steps["stage1"] = trainer1.global_step
+    lora = LoraConfig(r=int(r.lora.r), lora_alpha=int(r.lora.alpha), lora_dropout=float(r.lora.dropout),
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+    backbone = get_peft_model(model, lora)
+    module = MODULES["medusa2"](heads, backbone, recipe)
+    limit = t.get("joint_max_train_samples")
+    trainer = fit_resumable(module, loader("train", shuffle=True, limit=limit), loader("val"),
+                            ckpt_root / "stage2", fingerprint(cfg, data_key, "stage2"), stage2, trainer_kwargs,
+                            logger, cbs, every)
+    steps["stage2"] = trainer.global_step
+    return module, trainer, steps
+
+
+def save_heads(heads, medusa2_module, out_dir: Path) -> None:
+    """heads.save (+ the LoRA adapter for Medusa-2), written beside and renamed into place."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    heads.save(tmp)
+    if medusa2_module is not None:
+        medusa2_module.backbone.save_pretrained(str(tmp / "adapter"))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    run_train(cfg)
+
+
+if __name__ == "__main__":
+    main()
