@@ -49,8 +49,8 @@ def _r(x):
     return "" if x is None else round(float(x), 4)
 
 
-@stage
-def main(cfg: DictConfig) -> None:
+def make_reports(cfg: DictConfig) -> list[Path]:
+    """Write tables.md, tables.tex, the PNGs and speedup.csv to cfg.paths.reports; return their paths."""
     results, reports = Path(cfg.paths.results), Path(cfg.paths.reports)
     summary = load_summary(results / "eval" / cfg.eval.table_tag / "summary.json")
     calibrations = load_calibrations(results / "calibrate")
@@ -63,19 +63,26 @@ def main(cfg: DictConfig) -> None:
     (reports / "tables.md").write_text(md)
     (reports / "tables.tex").write_text(tex)
 
-    plot_tree = cfg.eval.plot_tree if cfg.eval.plot_tree in {m.get("tree") for m in summary["methods"].values()} else None
-    pngs = [plots.plot_speedup_per_category(summary, reports / "speedup_per_category.png", tree=plot_tree),
-            plots.plot_accept_histogram(summary, reports / "accept_length_histogram.png", tree=plot_tree),
-            plots.plot_speedup_vs_tree_size(summary, reports / "speedup_vs_tree_size.png"),
-            plots.plot_calibration(calibration_rows(summary, calibrations), reports / "calibration.png")]
-    csv_path = write_csv(summary, reports / "speedup.csv")
+    trees = {m.get("tree") for m in summary["methods"].values()}
+    plot_tree = cfg.eval.plot_tree if cfg.eval.plot_tree in trees else None
+    paths = [reports / "tables.md", reports / "tables.tex",
+             plots.plot_speedup_per_category(summary, reports / "speedup_per_category.png", tree=plot_tree),
+             plots.plot_accept_histogram(summary, reports / "accept_length_histogram.png", tree=plot_tree),
+             plots.plot_speedup_vs_tree_size(summary, reports / "speedup_vs_tree_size.png"),
+             plots.plot_calibration(calibration_rows(summary, calibrations), reports / "calibration.png"),
+             write_csv(summary, reports / "speedup.csv")]
+    log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
+    print(md)
+    return paths
+
+
+@stage
+def main(cfg: DictConfig) -> None:
     with mlflow_run(cfg, "tables"):
         import mlflow
 
-        for path in [reports / "tables.md", reports / "tables.tex", csv_path, *pngs]:
+        for path in make_reports(cfg):
             mlflow.log_artifact(str(path))
-    log.info("tables: %s, plots: %s", ", ".join(t for t in TABLE_ORDER if t in tables), ", ".join(p.name for p in pngs))
-    print(md)
 
 
 if __name__ == "__main__":

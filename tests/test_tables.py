@@ -86,3 +86,24 @@ def test_plots_are_written(summary, tmp_path):
              plots.plot_calibration([], tmp_path / "empty.png")]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_tables_stage_writes_reports(summary, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.common import CONF_DIR
+    from pipelines.tables import make_reports
+
+    (tmp_path / "results" / "eval" / "all").mkdir(parents=True)
+    (tmp_path / "results" / "eval" / "all" / "summary.json").write_text(json.dumps(summary))
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"paths.results={tmp_path / 'results'}",
+                                                       f"paths.reports={tmp_path / 'reports'}"])
+    paths = make_reports(cfg)
+    names = {p.name for p in paths}
+    assert names == {"tables.md", "tables.tex", "speedup.csv", "speedup_per_category.png",
+                     "accept_length_histogram.png", "speedup_vs_tree_size.png", "calibration.png"}
+    md = (tmp_path / "reports" / "tables.md").read_text()
+    assert "Vicuna-7B, A100 (paper)" in md and "(ours, tree sparse64)" in md and "max_new_tokens=64" in md
+    csv_lines = (tmp_path / "reports" / "speedup.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("method,heads,tree,tree_nodes,speedup") and len(csv_lines) == 1 + 10
