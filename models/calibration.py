@@ -190,16 +190,23 @@ def empirical_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Seque
     return 1.0 + float(np.mean(depths)) if depths else float("nan")
 
 
+def replay_steps(R: torch.Tensor, paths: Sequence[Sequence[int]], topk: int = 10) -> list[int]:
+    """Tokens emitted by each step of greedy tree decoding over one sequence's rank matrix R [N, D].
+
+    Step at position t emits 1 + accepted depth and moves to t + that; near the end, where deeper
+    ranks are unknown, only what is certain counts.
+    """
+    tree = set(check_paths(paths, R.shape[1], topk))
+    rows, i, steps = R.tolist(), 0, []
+    while i < len(rows):
+        steps.append(1 + (accepted_depth(rows[i], tree, topk) or 0))
+        i += steps[-1]
+    return steps
+
+
 def replay_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], topk: int = 10) -> float:
     """Mean tokens per step when greedy tree decoding runs over each sequence (steps jump by what they emit)."""
-    tree = set(check_paths(paths, ranks[0].shape[1], topk))
-    lengths = []
-    for R in ranks:
-        rows, i = R.tolist(), 0
-        while i < len(rows):
-            depth = accepted_depth(rows[i], tree, topk)
-            lengths.append(1 + (depth or 0))   # unknown at the sequence end: count what is certain
-            i += lengths[-1]
+    lengths = [n for R in ranks for n in replay_steps(R, paths, topk)]
     return float(np.mean(lengths)) if lengths else float("nan")
 
 

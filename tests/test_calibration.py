@@ -6,7 +6,8 @@ import torch
 from models.base import build_tiny_model
 from models.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
                                 greedy_tree, interpolate_cost, predicted_accept_length, predicted_tokens_per_s,
-                                replay_accept_length, sequence_ranks, simulate_accept_length, top1_unconditional)
+                                replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
+                                top1_unconditional)
 from models.heads import HeadsConfig, build_heads
 
 SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
@@ -223,3 +224,63 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     assert {p.name for p in done["files"]} >= {"acc_heatmap.png", "tokens_per_s.png"}
     assert json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())["chosen_budget"] \
         == result["chosen_budget"]
+
+
+def _fit_heads(model, heads, seqs, starts, steps=5, lr=1e-2):
+    """Overfit the heads to the base's greedy tokens on these sequences, so that drafts get accepted."""
+    data = []
+    with torch.no_grad():
+        for s, start in zip(seqs, starts):
+            ids = torch.tensor(s)
+            h = model.get_decoder()(input_ids=ids[None]).last_hidden_state
+            data.append((ids, h, model.get_output_embeddings()(h)[0].argmax(-1), start))
+    opt = torch.optim.Adam([p for p in heads.parameters() if p.requires_grad], lr=lr)
+    heads.train()
+    for _ in range(steps):
+        loss = 0.0
+        for ids, h, greedy, start in data:
+            T = ids.numel()
+            hid = heads.prefix_forward(h, torch.arange(T)[None])[0]
+            for d in range(1, heads.config.num_heads + 1):
+                t = torch.arange(start, T - d)
+                path = ids[t[:, None] + 1 + torch.arange(d)]
+                logits = heads.head_logits(d - 1, hid[t], path)
+                loss = loss + torch.nn.functional.cross_entropy(logits, greedy[t + d])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return heads.eval()
+
+
+@pytest.mark.parametrize("family,lr", [("medusa", 1e-2), ("hydra", 3e-3), ("hydra_pp", 3e-3)])
+def test_replayed_steps_match_the_decoder(family, lr):
+    """The calibration's definition of acceptance is the decoder's: on the base's greedy continuation,
+    replaying the measured ranks through a tree gives the decoder's own tokens per step."""
+    from models.decoding import generate
+    from models.trees import TreeSpec
+
+    torch.manual_seed(0)
+    model, tok = build_tiny_model(seed=1)
+    heads = build_heads(HeadsConfig.for_base(model, family=family, num_heads=3), model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    prompts = []
+    for q in ["Hi there", "What is 2+2?"]:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    N = 40
+    seqs = greedy_continuations(model, prompts, N, None, tok.pad_token_id)
+    starts = [len(p) - 1 for p in prompts]
+    _fit_heads(model, heads, seqs, starts, lr=lr)             # partly fitted: some drafts accepted, some not
+    ranks = [sequence_ranks(model, heads, s, start) for s, start in zip(seqs, starts)]
+    acc, _ = accuracy_table(ranks)
+    assert 0.1 < acc[0, 0] < 0.95
+    paths = greedy_tree(acc, 12)
+    for p, s, R in zip(prompts, seqs, ranks):
+        res = generate(model, tok, p, heads=heads, tree=TreeSpec("t", tuple(paths), 10), max_new_tokens=N,
+                       stop_token_ids=[])
+        assert res.new_tokens == s[len(p):]
+        replayed = replay_steps(R, paths)
+        k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
+        assert res.accept_lengths[:k] == replayed[:k]          # the last steps differ: the token limit cuts trees
+        assert max(res.accept_lengths[:k]) > 1
