@@ -268,10 +268,21 @@ def sort_paths(paths: Sequence[Path]) -> list[list[int]]:
 
 # -- 4) cost model -----------------------------------------------------------------------------
 
+def cpu_model() -> str:
+    """The CPU's marketing name where the OS tells it (Linux /proc/cpuinfo), else platform's guess."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_description(device: str = "cpu") -> dict:
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "device": device}
+    info = {"platform": platform.platform(), "processor": cpu_model(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -165,7 +166,7 @@ def plot_calibration(result: dict, folder: Path) -> list[Path]:
     for (d, r), v in np.ndenumerate(acc):
         ax.text(r, d, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < acc.max() / 2 else "k")
     ax.set_xticks(range(acc.shape[1]))
-    ax.set_yticks(range(acc.shape[0]), [str(d + 1) for d in range(acc.shape[0])])
+    ax.set_yticks(range(acc.shape[0]), [f"{d + 1} (n={n})" for d, n in enumerate(result["acc_counts"])])
     ax.set_xlabel("rank r")
     ax.set_ylabel("depth d")
     ax.set_title(f"{result['heads']}: P(rank r is the base's token | path above acceptable)", fontsize=9)
@@ -191,7 +192,8 @@ def plot_calibration(result: dict, folder: Path) -> list[Path]:
     ax2.set_ylabel("tokens / step")
     lines = ax1.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax1.legend(lines, [ln.get_label() for ln in lines], fontsize=7, loc="lower right")
-    ax1.set_title(f"{result['heads']} on {result['machine']['processor']}", fontsize=9)
+    m = result["machine"]
+    ax1.set_title(f"{result['heads']} on {m.get('gpu', m['processor'])}, {m['torch_threads']} threads", fontsize=9)
     fig.tight_layout()
     speed = folder / "tokens_per_s.png"
     fig.savefig(speed, dpi=120)
@@ -254,6 +256,7 @@ def calibrate(cfg: DictConfig) -> dict:
     }
 
     # 4) outputs
+    shutil.rmtree(out / "trees", ignore_errors=True)          # no stale budgets from an earlier run
     out.mkdir(parents=True, exist_ok=True)
     for row in rows:
         write_json(out / "trees" / f"budget_{row['budget']}.json",
@@ -274,6 +277,10 @@ def calibrate(cfg: DictConfig) -> dict:
     pngs = plot_calibration(result, out)
     tree_check = tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")})   # what tree=optimal loads
     tree_check.check_heads(D)
+    if chosen["predicted_speedup"] < 1:
+        log.warning("%s: even the best tree is predicted slower than the autoregressive baseline (%.2fx): "
+                    "the heads are rarely right (acc[d][0] = %s) or drafting costs too much here",
+                    cfg.heads.name, chosen["predicted_speedup"], np.round(acc[:, 0], 3).tolist())
     log.info("%s: chosen budget %d, predicted %.2f tokens/step, %.1f tokens/s (%.2fx); %s", cfg.heads.name,
              chosen["budget"], chosen["predicted_accept_length"], chosen["predicted_tokens_per_s"],
              chosen["predicted_speedup"], out / "optimal_tree.json")
