@@ -397,13 +397,16 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dic
     buf = TreeBuffers.build(spec)
     parts = {"draft": [], "verify": [], "accept": [], "commit": []}
     for i in range(repeats + 1):                 # the first round warms up
+        _sync(device)
         t = [time.perf_counter()]
         tokens, _ = drafter.draft(0, buf)
+        _sync(device)
         t.append(time.perf_counter())
         h = verify_tree(decoder, tokens, buf, cache, prefix_len, dtype)
         _sync(device)
         t.append(time.perf_counter())
         path, _ = acceptance.accept_greedy(tokens, buf, NodeLogits(h, lm_head))
+        _sync(device)
         t.append(time.perf_counter())
         keep_accepted(cache, prefix_len, path, buf.num_tokens)
         drafter.advance(h[path], prefix_len)
