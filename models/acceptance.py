@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -89,15 +90,18 @@ class NodeLogits:
     def __init__(self, hidden: torch.Tensor, lm_head):   # hidden: [N, h]
         self.hidden, self.lm_head = hidden, lm_head
         self.cache: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0                                 # time spent in the LM head (part of verification)
 
     def rows(self, nodes: list[int]) -> torch.Tensor:     # -> [len(nodes), V]
         if not nodes:
             return self.lm_head(self.hidden[:0])
         missing = [n for n in nodes if n not in self.cache]
         if missing:
+            start = time.perf_counter()
             out = self.lm_head(self.hidden[missing])
             for n, row in zip(missing, out):
                 self.cache[n] = row
+            self.seconds += time.perf_counter() - start
         return torch.stack([self.cache[n] for n in nodes])
 
 

@@ -42,7 +42,8 @@ class GenerationResult:
     wall_time: float                   # seconds, prefill included
     from_draft: list[bool]             # per new token: True if it was an accepted draft
     prefill_time: float = 0.0
-    timings: dict = field(default_factory=dict)   # seconds summed over steps: draft, verify, accept, commit
+    timings: dict = field(default_factory=dict)   # seconds summed over steps: draft, verify (forward + LM
+                                                  # head), accept (the rule alone), commit (KV + drafter state)
     stop_reason: str = ""              # eos | max_new_tokens | context_limit
 
     @property
@@ -191,8 +192,9 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         if heads is None:                                 # baseline: one token per step
             h = decoder(input_ids=torch.tensor([[root]], device=device), position_ids=torch.tensor([[past]], device=device),
                         past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
+            logits = lm_head(h)                                                          # [V]
             t2 = time.perf_counter()
-            root = _first_token(lm_head(h), sampling, generator)
+            root = _first_token(logits, sampling, generator)
             t3 = time.perf_counter()
             timings["verify"] += t2 - t1
             timings["accept"] += t3 - t2
@@ -207,9 +209,10 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         # b) verify
         hidden = verify_tree(decoder, tokens, buf, cache, past, dtype)                        # [N, h]
         t3 = time.perf_counter()
-        # c) accept
+        # c) accept (the LM head runs on the nodes with children, then on a leaf if the path ends there)
+        node_logits = NodeLogits(hidden, lm_head)
         path, bonus = acceptance.ACCEPTANCE["greedy" if sampling.greedy else sampling.acceptance](
-            tokens, buf, NodeLogits(hidden, lm_head), sampling, generator, draft_q)
+            tokens, buf, node_logits, sampling, generator, draft_q)
         t4 = time.perf_counter()
         # d) commit: only the accepted path stays in the base cache and enters the drafter's state
         keep_accepted(cache, past, path, buf.num_tokens)
@@ -218,8 +221,8 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         drafted = tokens[path[1:]].tolist()
         t5 = time.perf_counter()
         timings["draft"] += t2 - t1
-        timings["verify"] += t3 - t2
-        timings["accept"] += t4 - t3
+        timings["verify"] += t3 - t2 + node_logits.seconds          # forward + LM head
+        timings["accept"] += t4 - t3 - node_logits.seconds
         timings["commit"] += t5 - t4
         accept_lengths.append(out.emit(drafted + [bonus], [True] * len(drafted) + [False]))
         root = bonus

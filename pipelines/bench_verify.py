@@ -1,0 +1,90 @@
+"""python -m pipelines.bench_verify        (make bench)    [+bench.repeats=9 +bench.threads=2 model=...]
+
+A benchmark, not a test: on this machine, for the configured base model (SmolLM2 by default),
+  1) the verify step with n tree tokens (n = 1, 4, 8, 16, 32, 64) relative to a 1-token step
+     (median of repeats after a ~300-token prefix; models.latency.verify_latency_profile);
+  2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
+     share of the verify step (forward + LM head), per head family with the sparse64 tree and
+     freshly initialised heads (their quality does not matter for timing).
+Prints both tables and writes results/bench/bench_verify.json.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from models.decoding import SamplingConfig, generate
+from models.heads import HeadsConfig, build_heads
+from models.latency import verify_latency_profile
+from models.trees import tree_from_config
+from pipelines.common import CONF_DIR, load_model, log, stage, write_json
+
+DEFAULTS = {"sizes": [1, 4, 8, 16, 32, 64], "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
+            "families": {"medusa": "medusa1", "hydra": "hydra", "hydra_pp": "hydra_pp"}, "tree": "sparse64"}
+
+
+def overhead_per_family(cfg, model, settings) -> list[dict]:
+    tree = tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{settings['tree']}.yaml"))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(model.config.vocab_size, (settings["prefix_len"],), generator=g).tolist()
+    share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
+    rows = []
+    base = generate(model, None, prompt, max_new_tokens=settings["new_tokens"], stop_token_ids=[])
+    rows.append({"family": "baseline", "tokens_per_second": base.tokens_per_second,
+                 "verify_ms": 1e3 * base.timings["verify"] / base.steps})
+    for family, conf_name in settings["families"].items():
+        layers = int(OmegaConf.load(f"{CONF_DIR}/heads/{conf_name}.yaml").num_layers)
+        heads = build_heads(HeadsConfig.for_base(model, family, 4, layers, share_lm_head=share), model).eval()
+        generate(model, None, prompt[:32], heads=heads, tree=tree, max_new_tokens=4, stop_token_ids=[])   # warm up
+        res = generate(model, None, prompt, heads=heads, tree=tree, sampling=SamplingConfig(),
+                       max_new_tokens=settings["new_tokens"], stop_token_ids=[])
+        per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
+        overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
+        rows.append({"family": family, "heads_layers": layers, "steps": res.steps,
+                     "mean_accepted_length": res.mean_accepted_length, "tokens_per_second": res.tokens_per_second,
+                     **{f"{k}_ms": v for k, v in per_step.items()}, "overhead_share": overhead / per_step["verify"]})
+    return rows
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    settings = {**DEFAULTS, **OmegaConf.to_container(OmegaConf.select(cfg, "bench", default=OmegaConf.create({})))}
+    if settings["threads"]:
+        torch.set_num_threads(int(settings["threads"]))
+    model, _ = load_model(cfg)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, platform.processor() or platform.machine(),
+             torch.get_num_threads(), load)
+
+    prof = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
+    print(f"\n1) verify step vs tree tokens ({cfg.model.name}, prefix {settings['prefix_len']}, "
+          f"median of {settings['repeats']}, {torch.get_num_threads()} threads)")
+    print(f"{'n':>4} {'forward ms':>11} {'+LM head ms':>12} {'x 1-token':>10} {'fwd only x':>11}")
+    for n, f, t, r, rf in zip(prof["sizes"], prof["forward_s"], prof["forward_lm_head_s"], prof["relative"],
+                              prof["relative_forward"]):
+        print(f"{n:>4} {1e3 * f:>11.1f} {1e3 * t:>12.1f} {r:>10.2f} {rf:>11.2f}")
+
+    rows = overhead_per_family(cfg, model, settings)
+    print(f"\n2) per decoding step, tree {settings['tree']}, {settings['new_tokens']} new tokens, random heads")
+    print(f"{'family':>9} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
+          f"{'tok/s':>7}")
+    for r in rows:
+        if r["family"] == "baseline":
+            print(f"{'baseline':>9} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
+            continue
+        print(f"{r['family']:>9} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
+              f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
+    record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load,
+              "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,
+              "overhead": rows, "median_overhead_share": statistics.median(
+                  r["overhead_share"] for r in rows if "overhead_share" in r)}
+    path = write_json(f"{cfg.paths.results}/bench/bench_verify.json", record)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

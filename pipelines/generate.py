@@ -1,0 +1,109 @@
+"""python -m pipelines.generate heads=medusa1 tree=sparse64 prompt="Why is the sky blue?"
+
+One answer, streamed to the terminal. Tokens that came from accepted drafts are shown in green
+(in [brackets] when stdout is not a terminal); the end prints the mean accepted length and
+tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
+  heads=none                     the autoregressive baseline
+  heads_dir=FOLDER               heads from FOLDER instead of results/heads/<heads.name>
+  random_heads=true              freshly initialised heads of the configured family (for trying it out)
+  max_new_tokens=N temperature=T top_p=P top_k=K acceptance=greedy|typical|sampling
+  output=FILE.json               also write the result (tokens, text, per-step stats) as JSON
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from models.decoding import SamplingConfig, generate
+from models.heads import HeadsConfig, build_heads, load_heads
+from models.trees import tree_from_config
+from pipelines.common import load_model, log, mlflow_run, stage, write_json
+
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+def load_draft_heads(cfg: DictConfig, model):
+    """(model, heads or None): trained heads from their folder, or fresh ones with random_heads=true."""
+    if cfg.heads.family == "none":
+        return model, None
+    if cfg.random_heads:
+        config = HeadsConfig.for_base(model, cfg.heads.family, int(cfg.heads.num_heads), int(cfg.heads.num_layers),
+                                      share_lm_head=bool(cfg.heads.get("share_lm_head", False)))
+        return model, build_heads(config, model).eval()
+    folder = Path(cfg.heads_dir or Path(cfg.paths.results) / "heads" / cfg.heads.name)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no trained heads in {folder}: train them with `python -m pipelines.train "
+                                f"heads={cfg.heads.name}`, point heads_dir=... at a heads folder, or try the "
+                                "decoder with random_heads=true")
+    return load_heads(folder, model)
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    messages = [{"role": "user", "content": prompt}]
+    if not tokenizer.chat_template:
+        return tokenizer(prompt)["input_ids"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+class Streamer:
+    """on_tokens callback: prints the new text, marking the pieces that came from accepted drafts."""
+
+    def __init__(self, tokenizer, stream=sys.stdout):
+        self.tok, self.stream, self.tty = tokenizer, stream, stream.isatty()
+        self.tokens: list[int] = []
+        self.printed = ""
+
+    def __call__(self, tokens: list[int], from_draft: list[bool]) -> None:
+        for token, drafted in zip(tokens, from_draft):
+            self.tokens.append(token)
+            text = self.tok.decode(self.tokens, skip_special_tokens=True)
+            if text.endswith("\ufffd"):                    # an incomplete multi-byte character: wait for more
+                continue
+            piece, self.printed = text[len(self.printed):], text
+            if drafted and piece:
+                piece = f"{GREEN}{piece}{RESET}" if self.tty else f"[{piece}]"
+            self.stream.write(piece)
+        self.stream.flush()
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    if not cfg.prompt:
+        raise ValueError('no prompt: pass prompt="..." on the command line')
+    model, tok = load_model(cfg)
+    model, heads = load_draft_heads(cfg, model)
+    tree = tree_from_config(cfg.tree) if heads is not None else None
+    sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
+                              acceptance=str(cfg.acceptance), seed=int(cfg.seed),
+                              epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
+                              delta=float(OmegaConf.select(cfg, "eval.typical.delta", default=0.3)))
+    ids = prompt_ids(tok, str(cfg.prompt))
+    method = "baseline" if heads is None else f"{cfg.heads.name} / {tree.name}" + (" (random heads)" if cfg.random_heads else "")
+    log.info("%s: %d prompt tokens, up to %d new", method, len(ids), cfg.max_new_tokens)
+    with mlflow_run(cfg, "generate"):
+        import mlflow
+
+        streamer = Streamer(tok)
+        res = generate(model, tok, ids, heads=heads, tree=tree, sampling=sampling,
+                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer)
+        print()
+        print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
+              f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "
+              f"(stop: {res.stop_reason})")
+        mlflow.log_metrics({"tokens_per_second": res.tokens_per_second, "mean_accepted_length": res.mean_accepted_length,
+                            "new_tokens": len(res.new_tokens), "steps": res.steps, "wall_time": res.wall_time})
+        if cfg.output:
+            record = {"prompt": str(cfg.prompt), "method": method, "model": cfg.model.name,
+                      "heads": None if heads is None else cfg.heads.name, "tree": None if tree is None else tree.name,
+                      "sampling": asdict(sampling), **res.to_dict()}
+            write_json(cfg.output, record)
+            mlflow.log_artifact(str(cfg.output))
+            log.info("wrote %s", cfg.output)
+
+
+if __name__ == "__main__":
+    main()
