@@ -10,6 +10,8 @@ Which heads and trees: eval.methods (conf/eval/mtbench.yaml). `all` (the default
 profile.eval.families x every tree in profile.eval.trees, written to results/eval/all/ and
 reports/metrics/evaluate.json; overriding heads= or tree= selects that one method (plus baseline and
 PLD), written to results/eval/<heads>-<tree>/ and reports/metrics/evaluate_<heads>-<tree>.json.
+In DVC: stage `evaluate` runs eval.methods=all; `dvc exp run -S heads=hydra_pp -S tree=sparse64` adds
+the stage evaluate_selected@hydra_pp-sparse64 (eval.selected_runs) and leaves `evaluate` as it was.
 
 Protocol (REFERENCE.md section 4): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
 the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
@@ -64,14 +66,26 @@ class Method:
 
 
 # -- 1) which methods ----------------------------------------------------------------------------
-def selection(cfg: DictConfig) -> tuple[str, list[str], list[str | None]]:
-    """(mode, heads names, tree names); tree None = this config's own tree (selected mode)."""
-    if cfg.eval.methods not in METHOD_MODES:
-        raise ValueError(f"eval.methods={cfg.eval.methods!r} is not known; use one of {list(METHOD_MODES)}")
-    if cfg.eval.tag == "all":
-        return "all", list(cfg.profile.eval.families), list(cfg.profile.eval.trees)
+@dataclass
+class Selection:
+    mode: str                      # all | selected
+    tag: str                       # results/eval/<tag>/
+    metrics_name: str              # reports/metrics/<metrics_name>.json
+    heads: list[str]               # heads names (results/heads/<name>)
+    trees: list[str | None]        # tree names; None = this config's own tree
+
+
+def selection(cfg: DictConfig) -> Selection:
+    """What to run: eval.methods = all | selected, or auto (conf/eval/mtbench.yaml's eval.tag rule)."""
+    methods = cfg.eval.methods
+    if methods not in METHOD_MODES:
+        raise ValueError(f"eval.methods={methods!r} is not known; use one of {list(METHOD_MODES)}")
+    mode = methods if methods != "auto" else ("all" if cfg.eval.tag == "all" else "selected")
+    if mode == "all":
+        return Selection("all", "all", "evaluate", list(cfg.profile.eval.families), list(cfg.profile.eval.trees))
+    tag = f"{cfg.heads.name}-{cfg.tree.name}"
     heads = [] if cfg.heads.get("family") == "none" else [cfg.heads.name]
-    return "selected", heads, [None]
+    return Selection("selected", tag, f"evaluate_{tag}", heads, [None])
 
 
 def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpec:
@@ -86,10 +100,9 @@ def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpe
     return tree_from_config(OmegaConf.to_container(node, resolve=True)["tree"])
 
 
-def build_methods(cfg: DictConfig, model) -> list[Method]:
-    _, heads_names, tree_names = selection(cfg)
+def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     methods = [Method("baseline", "baseline", model)]
-    for name in heads_names:
+    for name in sel.heads:
         folder = Path(cfg.paths.results) / "heads" / name
         adapted = (folder / ADAPTER_DIR).is_dir()
         # a LoRA adapter is merged into the backbone: give it its own copy and its own AR reference
@@ -98,7 +111,7 @@ def build_methods(cfg: DictConfig, model) -> list[Method]:
         if adapted:
             methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
                                   reference=None))
-        for tree_name in tree_names:
+        for tree_name in sel.trees:
             tree = tree_for(cfg, tree_name, name)
             tree.check_heads(heads.config.num_heads)
             methods.append(Method(f"{name}-{tree_name or cfg.tree.name}", "heads", base, heads, tree, name,
@@ -241,15 +254,15 @@ def hardware(device: str) -> str:
     return f"{os.cpu_count()}-core CPU ({platform.machine()})"
 
 
-def write_results(cfg: DictConfig, methods: list[Method], records: dict, answers: dict, lossless: dict,
-                  model_name: str, device: str) -> dict:
-    out = Path(cfg.paths.results) / "eval" / cfg.eval.tag
+def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], records: dict, answers: dict,
+                  lossless: dict, model_name: str, device: str) -> dict:
+    out = Path(cfg.paths.results) / "eval" / sel.tag
     ev = cfg.profile.eval
     settings = {"num_questions": len(answers), "turns": int(ev.turns), "max_new_tokens": int(ev.max_new_tokens),
                 "repeats": int(ev.repeats), "warmup": int(ev.warmup), "temperature_mode": cfg.eval.temperature_mode,
                 "acceptance": cfg.eval.acceptance, "rotate_order": bool(cfg.eval.rotate_order),
                 "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device}
-    summary = {"tag": cfg.eval.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
+    summary = {"tag": sel.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
                "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
     for m in methods:
         s = {**m.describe(), **summarize_method(records[m.name], records["baseline"])}
@@ -261,12 +274,12 @@ def write_results(cfg: DictConfig, methods: list[Method], records: dict, answers
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = {"tag": cfg.eval.tag, "lossless": lossless["passed"],
+    metrics = {"tag": sel.tag, "lossless": lossless["passed"],
                "baseline_tokens_per_s": summary["methods"]["baseline"]["throughput"]["mean"],
                "methods": {n: {"speedup": s["speedup"]["mean"], "speedup_std": s["speedup"]["std"],
                                "accept_length": s["accept_length"]["mean"], "tokens_per_s": s["throughput"]["mean"]}
                            for n, s in summary["methods"].items() if n != "baseline"}}
-    write_json(Path(cfg.paths.reports) / "metrics" / f"{cfg.eval.metrics_name}.json", metrics)
+    write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 
 
@@ -278,11 +291,11 @@ def run_evaluation(cfg: DictConfig) -> dict:
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
     model, tokenizer = load_model(cfg, device=device)
-    mode, heads_names, trees = selection(cfg)
-    methods = build_methods(cfg, model)
-    log.info("evaluate (%s, tag %s): %d questions x %d turns x %d runs; methods: %s", mode, cfg.eval.tag,
+    sel = selection(cfg)
+    methods = build_methods(cfg, model, sel)
+    log.info("evaluate (%s, tag %s): %d questions x %d turns x %d runs; methods: %s", sel.mode, sel.tag,
              len(questions), cfg.profile.eval.turns, cfg.profile.eval.repeats, ", ".join(m.name for m in methods))
-    with mlflow_run(cfg, "evaluate", run_name=f"evaluate-{cfg.eval.tag}"):
+    with mlflow_run(cfg, "evaluate", run_name=f"evaluate-{sel.tag}"):
         import mlflow
 
         with torch.inference_mode():
@@ -291,7 +304,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         lossless = check_lossless(methods, records, prompts, float(cfg.eval.lossless_tie_tolerance)) \
             if cfg.eval.check_lossless else {"passed": True, "checked": False, "failures": [], "ties": []}
         lossless["mode"] = "greedy" if greedy else "category temperatures (only T=0 turns checked)"
-        summary = write_results(cfg, methods, records, answers, lossless, cfg.model.name, device)
+        summary = write_results(cfg, sel, methods, records, answers, lossless, cfg.model.name, device)
         for name, s in summary["methods"].items():
             key = name.replace("+", "p")
             if s["speedup"]["mean"] is not None:
@@ -299,7 +312,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
             if s["accept_length"]["mean"] is not None:
                 mlflow.log_metric(f"accept_length.{key}", s["accept_length"]["mean"])
         mlflow.log_metric("lossless", float(lossless["passed"]))
-        out = Path(cfg.paths.results) / "eval" / cfg.eval.tag
+        out = Path(cfg.paths.results) / "eval" / sel.tag
         mlflow.log_artifact(str(out / "summary.json"))
         mlflow.log_artifact(str(out / "lossless_report.json"))
     for name, s in summary["methods"].items():

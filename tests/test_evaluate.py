@@ -149,7 +149,7 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
             f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={stage_cfg.data.questions_file}",
             "profile.eval.num_questions=1", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
             "eval.prompt_lookup.enabled=false"])
-    assert cfg.eval.tag == "hydra-chain4" and cfg.eval.metrics_name == "evaluate_hydra-chain4"
+    assert cfg.eval.tag == "hydra-chain4" and list(cfg.eval.selected_runs) == ["hydra-chain4"]
     with open_dict(cfg):
         cfg.eval.num_threads = 1
     summary = run_evaluation(cfg)
