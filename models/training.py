@@ -194,7 +194,17 @@ class HeadsModule(pl.LightningModule):
     def heads_loss(self, head_hidden: torch.Tensor, base_hidden: torch.Tensor, batch) -> tuple[torch.Tensor, list]:
         """sum_k decay^k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits, targets) for metrics."""
         r, total, per_head = self.recipe, head_hidden.new_zeros(()), []
-        base_lm_head = self.base.get_output_embeddings()
+        if r.teacher_loss_weight:
+            # The teacher is the frozen base's distribution for the same token: its LM head at position
+            # t+k+1 (which predicts t+k+2). Recomputed here from the cached hidden states with the frozen
+            # LM head, once per position for all heads (cheap; storing [T, V] logits would cost 85x the cache).
+            nxt = batch["labels"][:, 1:] != IGNORE_INDEX                           # [B, T-1]
+            pb, pp = nxt.nonzero(as_tuple=True)
+            lm_head = self.base.get_output_embeddings()
+            with torch.no_grad():
+                teacher_all = lm_head(base_hidden[pb, pp].to(lm_head.weight.dtype))  # [P, V]
+            row = torch.full(nxt.shape, -1, dtype=torch.long, device=nxt.device)
+            row[pb, pp] = torch.arange(len(pp), device=nxt.device)
         for k in range(self.heads.config.num_heads):
             b, t, target = head_positions(batch["labels"], k)
             if len(t) == 0:
@@ -206,12 +216,7 @@ class HeadsModule(pl.LightningModule):
             if r.lm_loss_weight:
                 loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(logits.float(), target)
             if r.teacher_loss_weight:
-                # The teacher is the frozen base's distribution for the same token: its LM head at
-                # position t+k+1 (which predicts t+k+2), recomputed from the cached hidden state with the
-                # frozen LM head (one matmul; storing [T, V] logits would cost 85x the hidden cache).
-                with torch.no_grad():
-                    teacher = base_lm_head(base_hidden[b, t + k + 1].to(base_lm_head.weight.dtype))
-                loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher)
+                loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher_all[row[b, t + k + 1]])
             total = total + r.head_decay ** k * loss_k
             per_head.append((loss_k.detach(), logits.detach(), target))
         return total, per_head

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from datasets import Dataset, DatasetDict, load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -36,7 +37,7 @@ from pipelines.prepare import FEATURES
 
 SPLITS = ("train", "val")
 # What defines the samples of a shard; batch_size and use_vllm only change how they are produced.
-SHARD_KEYS = ("num_conversations", "max_turns", "max_prompt_tokens", "max_new_tokens", "temperature", "top_p",
+SHARD_KEYS = ("num_conversations", "val_conversations", "max_turns", "max_prompt_tokens", "max_new_tokens", "temperature", "top_p",
               "shard_size")
 
 
@@ -45,15 +46,20 @@ def user_turns(messages_json: str, max_turns: int | None) -> list[str]:
     return turns[:max_turns] if max_turns else turns
 
 
-def select_work(prepared: DatasetDict, tokenizer, num: int | None, max_turns: int | None, max_prompt_tokens: int
-                ) -> dict[str, list[tuple[str, list[str]]]]:
-    """Per split, the first conversations (id, user turns) whose first prompt fits max_prompt_tokens."""
+def select_work(prepared: DatasetDict, tokenizer, num: int | None, max_turns: int | None, max_prompt_tokens: int,
+                num_val: int | None = None) -> dict[str, list[tuple[str, list[str]]]]:
+    """Per split, the first conversations (id, user turns) whose first prompt fits max_prompt_tokens.
+
+    num in all: num_val of them from val (None: val's share of the prepared data, at least 1).
+    """
     sizes = {s: len(prepared[s]) if s in prepared else 0 for s in SPLITS}
     total = sum(sizes.values())
     if num is None or num >= total:
         want = dict(sizes)
     else:
-        n_val = min(sizes["val"], max(1 if sizes["val"] else 0, round(num * sizes["val"] / max(total, 1))))
+        if num_val is None:
+            num_val = max(1, round(num * sizes["val"] / max(total, 1)))
+        n_val = min(sizes["val"], num_val, num)
         want = {"train": min(sizes["train"], num - n_val), "val": n_val}
     work = {}
     for split in SPLITS:
@@ -179,6 +185,8 @@ def num_shards(n: int, shard_size: int) -> int:
 def run_distill(cfg: DictConfig) -> dict:
     """Steps 1) to 3); returns the stats also written to reports/metrics/distill.json."""
     t0, d = time.time(), cfg.profile.distill
+    if d.get("num_threads"):
+        torch.set_num_threads(int(d.num_threads))
     prepared_dir = Path(cfg.data.prepared_dir)
     if not prepared_dir.is_dir():
         raise FileNotFoundError(f"prepared data {prepared_dir} does not exist; run `dvc repro prepare` "
@@ -186,7 +194,8 @@ def run_distill(cfg: DictConfig) -> dict:
     prepared = load_from_disk(str(prepared_dir))
     model, tokenizer = load_model(cfg, device="cuda" if _cuda() else "cpu")
     # 1) the work list
-    work = select_work(prepared, tokenizer, d.num_conversations, d.max_turns, int(d.max_prompt_tokens))
+    work = select_work(prepared, tokenizer, d.num_conversations, d.max_turns, int(d.max_prompt_tokens),
+                       d.get("val_conversations"))
     fingerprint, settings = fingerprint_of(cfg, prepared)
     store = ShardStore(Path(cfg.paths.data) / "distill-shards" / cfg.model.name, fingerprint, settings)
     shard_size = int(d.shard_size)
@@ -222,7 +231,6 @@ def run_distill(cfg: DictConfig) -> dict:
 
 
 def _cuda() -> bool:
-    import torch
     return torch.cuda.is_available()
 
 

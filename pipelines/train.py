@@ -40,6 +40,8 @@ from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, writ
 
 # Recipe keys the stage reads itself (the rest configure models.training.Recipe).
 STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
+# profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
+RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_size")
 CODE_FILES = ("models/training.py", "models/heads.py", "models/hidden_cache.py", "pipelines/train.py")
 
 
@@ -83,7 +85,8 @@ def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
     """What a checkpoint must match to be resumed: settings, data and the training code."""
     code = hashlib.sha256(b"".join((REPO_ROOT / f).read_bytes() for f in CODE_FILES)).hexdigest()
     items = {"heads": OmegaConf.to_container(cfg.heads, resolve=True),
-             "train": OmegaConf.to_container(cfg.profile.train, resolve=True),
+             "train": {k: v for k, v in OmegaConf.to_container(cfg.profile.train, resolve=True).items()
+                       if k not in RUNTIME_KEYS},
              "model": [cfg.model.name, str(cfg.model.source), cfg.model.dtype], "precision": str(cfg.trainer.precision),
              "seed": int(cfg.seed), "data": data_key, "code": code, "part": part}
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
@@ -109,6 +112,8 @@ def run_train(cfg: DictConfig, callbacks=()) -> dict:
     if h.family == "none":
         raise ValueError("heads=none has nothing to train; use heads=medusa1|medusa2|hydra|hydra_pp")
     recipe = make_recipe(cfg)
+    if t.get("num_threads"):
+        torch.set_num_threads(int(t.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model(cfg, device=device)

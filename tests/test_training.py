@@ -86,9 +86,12 @@ def test_head_targets_skip_masked_positions():
     assert t.tolist() == [0, 2] and target.tolist() == [8, 9]
 
 
-@pytest.mark.parametrize("kind", ["medusa1", "hydra"])
+@pytest.mark.parametrize("kind", ["medusa1", "hydra", "hydra_pp"])
 def test_only_assistant_targets_count(kind, tiny_model):
-    """With one labelled token at p, the loss is sum_k 0.8^k CE(head k at p-k-2, x_p): nothing else counts."""
+    """With one labelled token at p, the loss is sum_k 0.8^k CE(head k at p-k-2, x_p): nothing else counts.
+
+    Hydra++: soft CE against the base's distribution at p-1 (which predicts p), on the prefix layer's output.
+    """
     model, tok = tiny_model
     module, heads = make_module(kind, model)
     ids = torch.tensor([examples(tok, 1)[0][0]])                       # [1, T]
@@ -98,13 +101,18 @@ def test_only_assistant_targets_count(kind, tiny_model):
     batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
     loss, per_head, _ = module.compute(batch)
     with torch.no_grad():
-        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]   # [T, h]
+        base = model.get_decoder()(input_ids=ids).last_hidden_state      # [1, T, h]
+        hidden = heads.prefix_forward(base, torch.arange(ids.shape[1])[None])[0]
+        teacher = torch.softmax(model.get_output_embeddings()(base[0, p - 1]), -1)
         expected = 0.0
         for k in range(3):
             t = p - k - 2
-            path = ids[0, t + 1:t + k + 2][None] if kind == "hydra" else None
+            path = ids[0, t + 1:t + k + 2][None] if kind != "medusa1" else None
             logits = heads.head_logits(k, hidden[t][None], path)
-            expected += 0.8 ** k * torch.nn.functional.cross_entropy(logits, ids[0, p][None])
+            if kind == "hydra_pp":
+                expected += 0.8 ** k * -(teacher * torch.log_softmax(logits[0], -1)).sum()
+            else:
+                expected += 0.8 ** k * torch.nn.functional.cross_entropy(logits, ids[0, p][None])
     assert torch.allclose(loss, expected, atol=1e-5)
     assert all(len(item[2]) == 1 for item in per_head)
     # unlabelled (-100) tokens at every other position: none of them is a target
