@@ -133,9 +133,9 @@ def sampling_for(cfg: DictConfig, temperature: float, seed: int) -> SamplingConf
 
 
 def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConfig, temperature: float,
-                  seed: int, stop_ids: list[int]):
+                  seed: int, stop_ids: list[int], max_new: int | None = None):
     """One answer by one method -> an object with new_tokens, wall_time, steps, accept_lengths."""
-    max_new = int(cfg.profile.eval.max_new_tokens)
+    max_new = int(max_new or cfg.profile.eval.max_new_tokens)
     if method.kind == "pld":
         if temperature > 0:
             torch.manual_seed(seed)
@@ -160,10 +160,11 @@ def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions) 
     turns = int(ev.turns)
     records = {m.name: [[] for _ in range(int(ev.repeats))] for m in methods}
     prompts, answers = {}, {}
+    # warm-up: allocator, kernels and caches settle; short answers do that as well as long ones
     first = chat_input_ids(tokenizer, [questions[0].turns[0]], [])
     for m in tqdm(methods, desc="warm-up", leave=False):
         for _ in range(int(ev.warmup)):
-            generate_turn(m, tokenizer, first, cfg, 0.0, cfg.seed, stop_ids)
+            generate_turn(m, tokenizer, first, cfg, 0.0, cfg.seed, stop_ids, max_new=min(32, int(ev.max_new_tokens)))
     bar = tqdm(total=int(ev.repeats) * len(questions), desc="MT-Bench", unit="question")
     for run in range(int(ev.repeats)):
         for qi, q in enumerate(questions):
