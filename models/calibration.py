@@ -45,10 +45,11 @@ frontier node scores at most its parent and its previous sibling, so nodes enter
 score order and the tree maximises L among trees of that size whose nodes' parents and previous
 siblings are in the tree. Trees for growing budgets are nested.
 
-Cost: predicted tokens/s = L / (verify(n + 1 tokens) + overhead(tree)); verify from a latency
-profile of the decoder's verify forward (median over repeats, interpolated in n); overhead = draft +
-accept + commit of one step with that tree, timed with the decoder's own functions (models/drafting.py,
-acceptance.py, kv_cache.py). The autoregressive baseline's step is timed the same way.
+Cost: predicted tokens/s = L / (verify(n + 1 tokens) + overhead(tree)); verify from the latency
+profile of the decoder's verify forward (models/latency.py: median over repeats, interpolated in n);
+overhead = draft + LM head (on the nodes with children) + acceptance + commit of one step with that
+tree, timed with the decoder's own functions (models/drafting.py, acceptance.py, kv_cache.py). The
+autoregressive baseline's step is the profile's 1-token forward + LM head.
 """
 from __future__ import annotations
 
@@ -340,48 +341,10 @@ def _random_prefix(model, prefix_len: int, seed: int = 0):
 
 
 @torch.inference_mode()
-def verify_latency(model, sizes: Sequence[int], repeats: int, prefix_len: int = 300) -> dict:
-    """Seconds of the decoder's verify forward over n tree tokens after a prefix_len-token cache.
-
-    The decoder's own call (models.decoding.verify_tree: 4-D additive mask, position ids = past +
-    depth); the cache is cropped back after every repeat. The LM head is not included: the decoder
-    runs it on the nodes with children only, which depends on the tree (see `step_timings`).
-    Also times the autoregressive baseline's step (1 token + LM head + argmax).
-    """
-    from models.decoding import verify_tree
-    from models.trees import TreeBuffers, chain_tree
-
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    cache, _ = _random_prefix(model, prefix_len)
-    gen = torch.Generator().manual_seed(1)
-    out = {"sizes": [], "seconds": [], "all_seconds": []}
-    for n in sizes:
-        buf = TreeBuffers.build(chain_tree(int(n) - 1, topk=1))      # any n-token tree costs the same forward
-        tokens = torch.randint(model.config.vocab_size, (int(n),), generator=gen).to(device)
-
-        def step():
-            verify_tree(decoder, tokens, buf, cache, prefix_len, dtype)
-            cache.crop(-int(n))
-        times = time_repeats(step, repeats, device)
-        out["sizes"].append(int(n))
-        out["seconds"].append(float(np.median(times)))
-        out["all_seconds"].append(times)
-    token, pos = torch.tensor([[0]], device=device), torch.tensor([[prefix_len]], device=device)
-
-    def baseline_step():
-        h = decoder(input_ids=token, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
-        int(lm_head(h).argmax())
-        cache.crop(-1)
-    out["baseline_step_s"] = float(np.median(time_repeats(baseline_step, repeats, device)))
-    return out
-
-
-@torch.inference_mode()
 def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dict:
     """Median seconds of the parts of one greedy decoding step with this tree, run with the decoder's own
-    functions on a random prefix: draft (heads), verify (decoder forward), accept (LM head on the nodes
-    with children + greedy acceptance), commit (cache pruning + the drafter's state update)."""
+    functions on a random prefix: draft (heads), verify (decoder forward), lm_head (on the nodes with
+    children, as acceptance asks), accept (the rule), commit (cache pruning + the drafter's state)."""
     from models import acceptance
     from models.acceptance import NodeLogits, SamplingConfig
     from models.decoding import verify_tree
@@ -395,7 +358,7 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dic
     drafter = Drafter(heads, SamplingConfig())
     drafter.start(hidden)
     buf = TreeBuffers.build(spec)
-    parts = {"draft": [], "verify": [], "accept": [], "commit": []}
+    parts = {"draft": [], "verify": [], "lm_head": [], "accept": [], "commit": []}
     for i in range(repeats + 1):                 # the first round warms up
         _sync(device)
         t = [time.perf_counter()]
@@ -405,7 +368,8 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dic
         h = verify_tree(decoder, tokens, buf, cache, prefix_len, dtype)
         _sync(device)
         t.append(time.perf_counter())
-        path, _ = acceptance.accept_greedy(tokens, buf, NodeLogits(h, lm_head))
+        node_logits = NodeLogits(h, lm_head)
+        path, _ = acceptance.accept_greedy(tokens, buf, node_logits)
         _sync(device)
         t.append(time.perf_counter())
         keep_accepted(cache, prefix_len, path, buf.num_tokens)
@@ -416,6 +380,7 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dic
         if drafter.prefix_cache is not None:
             drafter.prefix_cache.crop(-len(path))
         if i:
-            for k, (a, b) in zip(parts, zip(t, t[1:])):
-                parts[k].append(b - a)
+            draft, verify, accept, commit = (b - a for a, b in zip(t, t[1:]))
+            for k, v in zip(parts, (draft, verify, node_logits.seconds, accept - node_logits.seconds, commit)):
+                parts[k].append(v)
     return {k: float(np.median(v)) for k, v in parts.items()}

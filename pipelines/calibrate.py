@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from models.calibration import (accuracy_table, choose_budget, empirical_accept_length,
                                 greedy_continuations, greedy_tree, interpolate_cost, machine_description,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
-                                sequence_ranks, sort_paths, step_timings, top1_unconditional, verify_latency)
+                                sequence_ranks, sort_paths, step_timings, top1_unconditional)
+from models.latency import verify_latency_profile
 from models.trees import TreeBuffers, TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
@@ -54,11 +55,17 @@ def latency_path(cfg: DictConfig) -> Path:
 
 def measure_latency(cfg: DictConfig, model, device: str) -> dict:
     c = cfg.profile.calibrate
-    log.info("verify latency: sizes %s, %d repeats, %d-token prefix", list(c.latency_sizes), c.latency_repeats,
-             c.latency_prefix)
-    prof = verify_latency(model, list(c.latency_sizes), int(c.latency_repeats), int(c.latency_prefix))
+    sizes = [int(n) for n in c.latency_sizes]
+    if 1 not in sizes:
+        raise ValueError(f"profile.calibrate.latency_sizes={sizes} must include 1 (the autoregressive baseline's step)")
+    log.info("verify latency: sizes %s, %d repeats, %d-token prefix", sizes, c.latency_repeats, c.latency_prefix)
+    prof = verify_latency_profile(model, sizes, int(c.latency_repeats), int(c.latency_prefix))
     record = {"model": cfg.model.name, "dtype": cfg.model.dtype, "machine": machine_description(device),
-              "prefix_len": int(c.latency_prefix), "repeats": int(c.latency_repeats), "statistic": "median", **prof}
+              "prefix_len": int(c.latency_prefix), "repeats": int(c.latency_repeats), "statistic": "median",
+              "sizes": sizes, "seconds": prof["forward_s"],                          # verify forward, no LM head
+              "forward_lm_head_s": prof["forward_lm_head_s"],
+              "baseline_step_s": prof["forward_lm_head_s"][sizes.index(1)],          # 1 token + LM head + argmax
+              "all_forward_lm_head_s": prof["all_forward_lm_head_s"]}
     write_json(latency_path(cfg), record)
     plot_latency(record, latency_path(cfg).with_suffix(".png"))
     return record
@@ -125,7 +132,7 @@ def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: 
     L = predicted_accept_length(acc, paths)
     verify_s = interpolate_cost(latency["sizes"], latency["seconds"], spec.num_nodes + 1)
     parts = step_timings(model, heads, spec, int(c.latency_repeats), int(c.latency_prefix))
-    overhead_s = parts["draft"] + parts["accept"] + parts["commit"]
+    overhead_s = parts["draft"] + parts["lm_head"] + parts["accept"] + parts["commit"]
     tps = predicted_tokens_per_s(L, verify_s, overhead_s)
     return {"budget": spec.num_nodes, "depth": spec.depth, "predicted_accept_length": L,
             "empirical_accept_length": empirical_accept_length(ranks, paths, spec.topk),
@@ -143,7 +150,10 @@ def plot_latency(record: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(record["sizes"], [1e3 * s for s in record["seconds"]], marker="o")
+    ax.plot(record["sizes"], [1e3 * s for s in record["seconds"]], marker="o", label="decoder forward")
+    ax.plot(record["sizes"], [1e3 * s for s in record["forward_lm_head_s"]], marker=".", ls="--",
+            label="forward + LM head on every token")
+    ax.legend(fontsize=7)
     ax.set_xlabel("tokens verified (tree nodes + root)")
     ax.set_ylabel(f"verify step, ms ({record['statistic']} of {record['repeats']})")
     ax.set_title(f"{record['model']} on {record['machine']['processor']} ({record['machine']['torch_threads']} threads)",
