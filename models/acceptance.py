@@ -76,6 +76,26 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return x.softmax(-1)
 
 
+SMALL_BATCH = 8
+
+
+def project(linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) for x [R, h] -> [R, V], the LM-head product of the baseline, the verify step and the heads.
+
+    On a CPU with R <= 8 it runs as weight @ x.T, which MKL does 2-3x faster than nn.Linear's
+    x @ weight.T for so few rows (measured on a 49152 x 576 LM head); a single row goes in twice,
+    as a 2-column product is also faster than MKL's matrix-vector product there.
+    """
+    R = x.shape[0]
+    if R <= SMALL_BATCH and isinstance(linear, torch.nn.Linear) and x.device.type == "cpu":
+        cols = x.to(linear.weight.dtype)
+        if R == 1:
+            cols = torch.cat([cols, cols])
+        out = (linear.weight @ cols.T)[:, :R].T                                # [R, V], column-major view
+        return out if linear.bias is None else out + linear.bias
+    return linear(x)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
@@ -98,7 +118,7 @@ class NodeLogits:
         missing = [n for n in nodes if n not in self.cache]
         if missing:
             start = time.perf_counter()
-            out = self.lm_head(self.hidden[missing])
+            out = project(self.lm_head, self.hidden[missing])
             for n, row in zip(missing, out):
                 self.cache[n] = row
             self.seconds += time.perf_counter() - start

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models import acceptance
-from models.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
+from models.acceptance import NodeLogits, SamplingConfig, project, sample, warp_probs
 from models.drafting import Drafter
 from models.kv_cache import keep_accepted, new_cache
 from models.trees import TreeBuffers, TreeSpec
@@ -174,7 +174,7 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
     # 1) prefill: the prompt through the base model -> first token (the root of the first tree)
     cache = new_cache()
     hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]   # [T, h]
-    root = _first_token(lm_head(hidden[-1]), sampling, generator)
+    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator)
     drafter = None
     if heads is not None:
         drafter = Drafter(heads, sampling, generator)
@@ -192,7 +192,7 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         if heads is None:                                 # baseline: one token per step
             h = decoder(input_ids=torch.tensor([[root]], device=device), position_ids=torch.tensor([[past]], device=device),
                         past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
-            logits = lm_head(h)                                                          # [V]
+            logits = project(lm_head, h[None])[0]                                        # [V]
             t2 = time.perf_counter()
             root = _first_token(logits, sampling, generator)
             t3 = time.perf_counter()

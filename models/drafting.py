@@ -20,13 +20,20 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from models.acceptance import SamplingConfig, warp_probs
+from models.acceptance import SamplingConfig, project, warp_probs
+from models.heads import DraftHeads
 
 
 class Drafter:
     def __init__(self, heads, sampling: SamplingConfig, generator: torch.Generator | None = None):
         self.heads, self.sampling, self.generator = heads, sampling, generator
         self.family = heads.config.family
+        # The Linear each head ends in (the frozen base LM head when shared), so that the drafter can
+        # run head k as head_hidden + project (fast for few rows); other head objects: head_logits.
+        self.linears = None
+        if isinstance(heads, DraftHeads):
+            shared = heads.lm_heads is None
+            self.linears = [heads._base["lm_head"] if shared else heads.lm_heads[k] for k in range(heads.config.num_heads)]
         self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
         self.h = None                                   # [h] hidden state the heads read (position t)
 
@@ -53,12 +60,17 @@ class Drafter:
         race = torch.empty_like(q).exponential_(generator=self.generator)
         return torch.topk(q / race, k, dim=-1).indices, q          # = k draws from q without replacement
 
+    def head_logits(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        """heads.head_logits(k, hidden [R, h], path [R, k+1]) -> [R, V], with the fast projection."""
+        if self.linears is None:
+            return self.heads.head_logits(k, hidden, path)
+        return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
+
     def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, V]
-        heads = self.heads
-        if getattr(heads.config, "share_lm_head", False):          # one [depth, h] x [h, V] product
-            x = torch.stack([heads.head_hidden(k, self.h) for k in range(depth)])
-            return heads.lm_head(0, x)
-        return torch.stack([heads.head_logits(k, self.h) for k in range(depth)])
+        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, V]
+            x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
+            return project(self.linears[0], x)
+        return torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
 
     def draft(self, root: int, buf):
         """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q of its children (or None)."""
@@ -78,7 +90,7 @@ class Drafter:
             for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
                 P = level.parents.numel()
                 path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
-                logits = self.heads.head_logits(d, self.h.expand(P, -1), path)     # [P, V]
+                logits = self.head_logits(d, self.h.expand(P, -1), path)           # [P, V]
                 picks, q = self._pick(logits, level.num_ranks)                     # [P, R]
                 tokens[level.nodes] = picks[level.parent_slot, level.ranks]
                 if q is not None:

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from models.acceptance import project
 from models.decoding import verify_tree
 from models.kv_cache import new_cache
 from models.trees import TreeBuffers, chain_tree
@@ -41,7 +42,7 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
             hidden = verify_tree(decoder, toks[n], bufs[n], cache, prefix_len, dtype)   # [n, h]
             sync()
             t1 = time.perf_counter()
-            lm_head(hidden).argmax(-1)
+            project(lm_head, hidden).argmax(-1)
             sync()
             t2 = time.perf_counter()
             cache.crop(-n)

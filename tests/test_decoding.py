@@ -14,7 +14,7 @@ from models.base import build_tiny_model
 from models.decoding import SamplingConfig, generate, verify_tree
 from models.drafting import Drafter
 from models.heads import HeadsConfig, build_heads
-from models.kv_cache import keep_accepted
+from models.kv_cache import keep_accepted, new_cache
 from models.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
@@ -34,7 +34,8 @@ def prompt_ids(tok, text="Tell me a story about a cat."):
 
 def random_heads(model, family, seed=0):
     """Freshly built heads with every weight perturbed, so each family's code path matters."""
-    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=4), model).eval()
+    shared = family != "hydra"                            # both LM-head kinds: the base's (cpu profile) or own
+    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=4, share_lm_head=shared), model).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -165,28 +166,31 @@ def test_tree_deeper_than_heads_fails_at_decode_time():
         generate(model, tok, [5, 6, 7], heads=heads, tree=TREES["chain4"], max_new_tokens=4)
 
 
-def test_keep_accepted_equals_causal_forward():
+@pytest.mark.parametrize("make_cache", [new_cache, DynamicCache])
+def test_keep_accepted_equals_causal_forward(make_cache):
     """After pruning, the cache holds exactly the KV of prefix + accepted path, as a causal run would."""
     model, tok = build_tiny_model(arch="qwen2", seed=2)
     dec = model.get_decoder()
-    prefix = torch.randint(3, 200, (1, 12))
+    prefix = torch.randint(3, 200, (1, 250))              # the growing cache passes its first capacity
     tree = TreeSpec("t", [[0], [1], [0, 0], [1, 0], [1, 1], [1, 1, 0]], topk=2)
     buf = TreeBuffers.build(tree)
     tokens = torch.randint(3, 200, (buf.num_tokens,))
     with torch.inference_mode():
-        cache = DynamicCache()
+        cache = make_cache()
         dec(input_ids=prefix, past_key_values=cache, use_cache=True)
-        hidden = verify_tree(dec, tokens, buf, cache, past=12)
+        hidden = verify_tree(dec, tokens, buf, cache, past=250)
         path = buf.retrieve[-1][buf.retrieve[-1] >= 0].tolist()          # root -> [1] -> [1,1] -> [1,1,0]
         assert path != list(range(len(path)))
-        keep_accepted(cache, 12, path, buf.num_tokens)
+        keep_accepted(cache, 250, path, buf.num_tokens)
         ref_cache = DynamicCache()
         ref = dec(input_ids=torch.cat([prefix, tokens[path][None]], 1), past_key_values=ref_cache, use_cache=True)
-    assert cache.get_seq_length() == 12 + len(path)
+    assert cache.get_seq_length() == 250 + len(path)
     for got, want in zip(cache.layers, ref_cache.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.values, want.values, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(hidden[path], ref.last_hidden_state[0, 12:], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hidden[path], ref.last_hidden_state[0, 250:], rtol=1e-4, atol=1e-5)
+    cache.crop(-2)
+    assert cache.get_seq_length() == 248 + len(path) and cache.layers[0].keys.shape[-2] == 248 + len(path)
 
 
 def test_hydra_pp_prefix_state_is_incremental():
