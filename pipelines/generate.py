@@ -8,6 +8,7 @@ tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
   random_heads=true              freshly initialised heads of the configured family (for trying it out)
   max_new_tokens=N temperature=T top_p=P top_k=K acceptance=greedy|typical|sampling
   output=FILE.json               also write the result (tokens, text, per-step stats) as JSON
+  threads=N                      torch CPU threads
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.decoding import SamplingConfig, generate
@@ -74,6 +76,8 @@ class Streamer:
 def main(cfg: DictConfig) -> None:
     if not cfg.prompt:
         raise ValueError('no prompt: pass prompt="..." on the command line')
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
     model, tok = load_model(cfg)
     model, heads = load_draft_heads(cfg, model)
     tree = tree_from_config(cfg.tree) if heads is not None else None
