@@ -36,6 +36,8 @@ class Drafter:
             self.linears = [heads._base["lm_head"] if shared else heads.lm_heads[k] for k in range(heads.config.num_heads)]
         self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
         self.h = None                                   # [h] hidden state the heads read (position t)
+        params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
+        self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, hidden: torch.Tensor) -> None:
@@ -46,10 +48,11 @@ class Drafter:
     def advance(self, hidden: torch.Tensor, position: int) -> None:
         """hidden: [m, h] base hidden states of newly accepted positions position..position+m-1."""
         if self.prefix_cache is None:
-            self.h = hidden[-1]
-            return
-        pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
-        self.h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
+            h = hidden[-1]
+        else:
+            pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
+            h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
+        self.h = h if self.dtype is None else h.to(self.dtype)
 
     # -- proposals -----------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:

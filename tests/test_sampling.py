@@ -174,3 +174,26 @@ def test_accept_all_control_fails(tiny_setup, monkeypatch):
 
 def test_expected_outcomes_sum_to_one(tiny_setup):
     assert abs(sum(tiny_setup[-1].values()) - 1) < 1e-5 and len(tiny_setup[-1]) == TOP_K ** 3
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra"])
+def test_drafted_children_come_with_their_q(family):
+    """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
+    from models.drafting import Drafter
+    from models.heads import build_heads
+
+    model, tok = build_tiny_model(arch="qwen2", seed=1)
+    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=2, share_lm_head=family == "medusa"), model)
+    sampling = SamplingConfig(temperature=0.8, top_k=20, acceptance="sampling", draft="sample", seed=0)
+    buf = TreeBuffers.build(dense_tree(3, 2))
+    with torch.inference_mode():
+        drafter = Drafter(heads.eval(), sampling, torch.Generator().manual_seed(0))
+        drafter.start(torch.randn(5, model.config.hidden_size))
+        tokens, draft_q = drafter.draft(7, buf)
+        for node in buf.parent_list:
+            d = int(buf.depth[node])
+            path = tokens[[*buf.retrieve[(buf.retrieve == node).any(1)][0, :d + 1].tolist()]][None]
+            want = warp_probs(heads.head_logits(d, drafter.h[None], path if family == "hydra" else None)[0], sampling)
+            torch.testing.assert_close(draft_q(node), want, rtol=1e-4, atol=1e-6)
+            kids = tokens[buf.children[node]]
+            assert kids.unique().numel() == kids.numel() and bool((want[kids] > 0).all())
