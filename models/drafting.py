@@ -18,10 +18,10 @@ without replacement from the warped head distribution, by the exponential-race (
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from models.acceptance import SamplingConfig, project, warp_probs
 from models.heads import DraftHeads
+from models.kv_cache import new_cache
 
 
 class Drafter:
@@ -34,7 +34,7 @@ class Drafter:
         if isinstance(heads, DraftHeads):
             shared = heads.lm_heads is None
             self.linears = [heads._base["lm_head"] if shared else heads.lm_heads[k] for k in range(heads.config.num_heads)]
-        self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
+        self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
@@ -42,7 +42,7 @@ class Drafter:
     # -- state ---------------------------------------------------------------------------------
     def start(self, hidden: torch.Tensor) -> None:
         """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1)."""
-        self.prefix_cache = DynamicCache() if self.family == "hydra_pp" else None
+        self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
         self.advance(hidden, 0)
 
     def advance(self, hidden: torch.Tensor, position: int) -> None:
