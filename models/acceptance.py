@@ -68,12 +68,28 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(x, sampling.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = sorted_x.softmax(-1)
-        before = sorted_p.cumsum(-1) - sorted_p                         # mass of the tokens ranked above
-        drop = before >= sampling.top_p                                 # the first token is always kept
-        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        x = _top_p_filter(x, sampling.top_p)
     return x.softmax(-1)
+
+
+def _top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the tokens whose higher-ranked tokens hold less than top_p of the mass (the first always).
+
+    Exact, without sorting the vocabulary: the top k by value (k = 64, 256, ...) until the nucleus
+    ends inside them, which for a language model's distribution is almost always the first try.
+    """
+    V = x.shape[-1]
+    log_z = torch.logsumexp(x, dim=-1, keepdim=True)
+    k = min(64, V)
+    while True:
+        vals, idx = torch.topk(x, k, dim=-1)                            # descending
+        p_top = torch.exp(vals - log_z)
+        before = p_top.cumsum(-1) - p_top                               # mass of the tokens ranked above
+        if k == V or bool((before[..., -1] >= top_p).all()):
+            break
+        k = min(4 * k, V)
+    kept = torch.full_like(x, float("-inf"))
+    return kept.scatter(-1, idx, vals.masked_fill(before >= top_p, float("-inf")))
 
 
 SMALL_BATCH = 8
@@ -162,14 +178,12 @@ def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, ge
 
 def accept_sampling(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, generator=None, draft_q=None):
     """Lossless multi-draft speculative sampling; draft_q(node) -> q [V] of the node's children, or None."""
-    parents = buf.parent_list
-    p_rows = warp_probs(logits.rows(parents), sampling).double()       # [P, V]
-    slot = buf.parent_row
+    logits.rows(buf.parent_list)                                       # one LM-head product for every parent
     node, path = 0, [0]
     while True:
         if not buf.children[node]:                                     # leaf: the bonus comes from the full p
             return path, sample(warp_probs(logits.rows([node])[0], sampling), generator)
-        p = p_rows[slot[node]].clone()
+        p = warp_probs(logits.rows([node])[0], sampling).double()      # [V], warped only where the walk goes
         q = None if draft_q is None else draft_q(node).double().clone()
         nxt = None
         for child in buf.children[node]:
