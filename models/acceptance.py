@@ -116,6 +116,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def _uniform(generator: torch.Generator | None) -> float:
+    device = generator.device if generator is not None else "cpu"
+    return float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
+
+
 class NodeLogits:
     """Base logits of tree nodes, computed on demand from the verify step's hidden states.
 
@@ -143,7 +148,7 @@ class NodeLogits:
 
 def accept_greedy(tokens, buf, logits: NodeLogits, sampling=None, generator=None, draft_q=None):
     parents = buf.parent_list
-    pred = torch.full((buf.num_tokens,), -1, dtype=torch.long)
+    pred = torch.full((buf.num_tokens,), -1, dtype=torch.long, device=tokens.device)
     pred[parents] = logits.rows(parents).argmax(-1)                   # base argmax at every node with children
     ri = buf.retrieve                                                  # [L, D+1]
     ok = (tokens[ri[:, 1:].clamp(min=0)] == pred[ri[:, :-1].clamp(min=0)]) & (ri[:, 1:] >= 0)
@@ -162,15 +167,15 @@ def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, ge
     threshold = torch.clamp(sampling.delta * torch.exp(-entropy), max=sampling.epsilon)  # min(eps, delta e^-H)
     slot = buf.parent_row[buf.parent[1:]]                              # [N-1] row of each node's parent
     p_node = probs[slot, tokens[1:]]                                   # [N-1] p(token | parent)
-    ok = torch.cat([torch.ones(1, dtype=torch.bool), p_node > threshold[slot]])
-    logp = torch.cat([torch.zeros(1), torch.log(p_node)])
+    ok = torch.cat([torch.ones(1, dtype=torch.bool, device=probs.device), p_node > threshold[slot]])
+    logp = torch.cat([torch.zeros(1, device=probs.device), torch.log(p_node)])
     ri = buf.retrieve
     valid = ri[:, 1:] >= 0
     ok_path = (ok[ri[:, 1:].clamp(min=0)] & valid).long().cumprod(1)   # [L, D]
     accepted = ok_path.sum(1)
     score = (logp[ri[:, 1:].clamp(min=0)] * ok_path).sum(1)            # summed log-prob of the accepted part
     longest = accepted == accepted.max()
-    best = int(torch.where(longest, score, torch.tensor(float("-inf"))).argmax())
+    best = int(torch.where(longest, score, torch.full_like(score, float("-inf"))).argmax())
     path = ri[best, : int(accepted[best]) + 1].tolist()
     bonus = sample(warp_probs(logits.rows([path[-1]])[0], sampling), generator)
     return path, bonus
@@ -194,7 +199,7 @@ def accept_sampling(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, g
                 break
             else:
                 accept_prob = min(1.0, float(p[x] / q[x]))
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) < accept_prob:
+            if _uniform(generator) < accept_prob:
                 nxt = child
                 break
             if q is None:

@@ -110,7 +110,7 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers, cache, past: in
     """
     N = tokens.numel()
     mask = torch.zeros(1, 1, N, past + N, dtype=dtype, device=tokens.device)   # prefix columns: all visible
-    mask[..., past:] = buf.additive_mask(dtype)                                # tree part: ancestors + self
+    mask[..., past:] = buf.additive_mask(dtype, tokens.device)                 # tree part: ancestors + self
     position_ids = (buf.depth.to(tokens.device) + past).unsqueeze(0)           # [1, N]
     out = decoder(input_ids=tokens.unsqueeze(0), attention_mask=mask, position_ids=position_ids,
                   past_key_values=cache, use_cache=True)

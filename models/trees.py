@@ -136,12 +136,13 @@ class TreeBuffers:
     def build(spec: TreeSpec) -> "TreeBuffers":
         return _build_cached(spec)
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype)."""
-        if dtype not in self._masks:
-            self._masks[dtype] = torch.zeros(self.tree_mask.shape, dtype=dtype).masked_fill_(
-                ~self.tree_mask, torch.finfo(dtype).min)
-        return self._masks[dtype]
+    def additive_mask(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype and device)."""
+        key = (dtype, str(device))
+        if key not in self._masks:
+            self._masks[key] = torch.zeros(self.tree_mask.shape, dtype=dtype).masked_fill_(
+                ~self.tree_mask, torch.finfo(dtype).min).to(device)
+        return self._masks[key]
 
 
 @functools.lru_cache(maxsize=64)
