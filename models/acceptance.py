@@ -160,11 +160,24 @@ def accept_greedy(tokens, buf, logits: NodeLogits, sampling=None, generator=None
     return path, bonus
 
 
+def typical_threshold(probs: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """min(epsilon, delta * exp(-H(p))) per row of probs [..., V] -> [...]."""
+    entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)
+    return torch.clamp(sampling.delta * torch.exp(-entropy), max=sampling.epsilon)
+
+
+def typical_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Medusa's typical sampling of a base token: softmax(logits / T) without the tokens below the threshold."""
+    probs = (logits.float() / sampling.temperature).softmax(-1)
+    kept = probs.masked_fill(probs < typical_threshold(probs, sampling).unsqueeze(-1), 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
 def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, generator=None, draft_q=None):
+    """Typical acceptance; the bonus token is a typical sample too (as the root tokens in Medusa)."""
     parents = buf.parent_list
     probs = (logits.rows(parents).float() / sampling.temperature).softmax(-1)         # [P, V]
-    entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)                                # [P]
-    threshold = torch.clamp(sampling.delta * torch.exp(-entropy), max=sampling.epsilon)  # min(eps, delta e^-H)
+    threshold = typical_threshold(probs, sampling)                                      # [P]
     slot = buf.parent_row[buf.parent[1:]]                              # [N-1] row of each node's parent
     p_node = probs[slot, tokens[1:]]                                   # [N-1] p(token | parent)
     ok = torch.cat([torch.ones(1, dtype=torch.bool, device=probs.device), p_node > threshold[slot]])
@@ -177,7 +190,7 @@ def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, ge
     longest = accepted == accepted.max()
     best = int(torch.where(longest, score, torch.full_like(score, float("-inf"))).argmax())
     path = ri[best, : int(accepted[best]) + 1].tolist()
-    bonus = sample(warp_probs(logits.rows([path[-1]])[0], sampling), generator)
+    bonus = sample(typical_probs(logits.rows([path[-1]])[0], sampling), generator)
     return path, bonus
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models import acceptance
-from models.acceptance import NodeLogits, SamplingConfig, project, sample, warp_probs
+from models.acceptance import NodeLogits, SamplingConfig, project, sample, typical_probs, warp_probs
 from models.drafting import Drafter
 from models.kv_cache import keep_accepted, new_cache
 from models.trees import TreeBuffers, TreeSpec
@@ -117,10 +117,13 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers, cache, past: in
     return out.last_hidden_state[0]
 
 
-def _first_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
-    """Token from base logits [V]: argmax when greedy, else a draw from the warped distribution."""
+def _first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
+    """Token from base logits [V]: argmax when greedy, else a draw from the warped distribution
+    (from the typical set when speculative decoding uses typical acceptance, as Medusa does)."""
     if sampling.greedy:
         return int(logits.argmax())
+    if speculative and sampling.acceptance == "typical":
+        return sample(typical_probs(logits, sampling), generator)
     return sample(warp_probs(logits, sampling), generator)
 
 
@@ -174,7 +177,7 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
     # 1) prefill: the prompt through the base model -> first token (the root of the first tree)
     cache = new_cache()
     hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]   # [T, h]
-    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator)
+    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator, speculative=heads is not None)
     drafter = None
     if heads is not None:
         drafter = Drafter(heads, sampling, generator)

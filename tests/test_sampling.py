@@ -197,3 +197,20 @@ def test_drafted_children_come_with_their_q(family):
             torch.testing.assert_close(draft_q(node), want, rtol=1e-4, atol=1e-6)
             kids = tokens[buf.children[node]]
             assert kids.unique().numel() == kids.numel() and bool((want[kids] > 0).all())
+
+
+def test_typical_acceptance_threshold_and_tie_break():
+    """Accept x if p(x) > min(eps, delta * exp(-H)); equal accepted lengths go to the higher log-probability."""
+    buf = TreeBuffers.build(dense_tree(3, 1, topk=4))                   # root + children ranked 0, 1, 2
+    root = torch.log(torch.tensor([0.05, 0.30, 0.60, 0.05]))            # H = 0.97 -> threshold min(0.09, 0.11) = 0.09
+    rows = torch.stack([root] + [torch.zeros(4)] * 3)
+    sampling = SamplingConfig(temperature=1.0, acceptance="typical", seed=0)
+    for children, want in [([0, 1, 2], 2), ([0, 3, 1], 1), ([0, 3], None)]:
+        tokens = torch.tensor([0] + children + [0] * (3 - len(children)))
+        path, _ = acceptance.accept_typical(tokens, buf, NodeLogits(rows, lambda x: x), sampling,
+                                            torch.Generator().manual_seed(0))
+        got = int(tokens[path[1]]) if len(path) > 1 else None
+        assert got == want, (children, path)
+    strict = SamplingConfig(temperature=1.0, acceptance="typical", epsilon=0.5, delta=0.3)   # threshold 0.11
+    path, _ = acceptance.accept_typical(torch.tensor([0, 1, 2, 3]), buf, NodeLogits(rows, lambda x: x), strict)
+    assert int(torch.tensor([0, 1, 2, 3])[path[1]]) == 2
