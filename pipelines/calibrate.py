@@ -3,7 +3,8 @@
 Data-driven trees for one head family on this machine (models/calibration.py has the definitions):
   1) latency profile of the verify step vs tree tokens (results/calibrate/latency.json, one per
      machine and model, shared by the families; measured here when missing)
-  2) held-out prompts (val split of the distilled data) continued greedily by the base model
+  2) held-out prompts (val split of the distilled data, topped up from the prepared val split)
+     continued greedily by the base model
   3) rank of the base's token in each head's top-k at every position -> acc[d][r]
   4) greedy tree per node budget; predicted accepted length; step cost = verify(n+1 tokens, from the
      profile) + draft + accept + commit (timed per tree with the decoder's own functions)
@@ -91,31 +92,43 @@ def load_latency(cfg: DictConfig, model, device: str) -> dict:
 
 # -- data --------------------------------------------------------------------------------------
 
+def first_turn(row, max_prompt_tokens: int) -> tuple[list[int], list[int]] | None:
+    """(prompt, reply): the chat template up to the first assistant header, and that reply's tokens."""
+    labels = row["labels"]
+    start = next((i for i, y in enumerate(labels) if y != -100), None)
+    if start is None or start > max_prompt_tokens:
+        return None
+    end = next((i for i in range(start, len(labels)) if labels[i] == -100), len(labels))
+    return list(row["input_ids"][:start]), list(row["input_ids"][start:end])
+
+
 def held_out_turns(cfg: DictConfig) -> list[tuple[list[int], list[int]]]:
-    """(prompt, reply) of the first num_samples val rows: the chat template up to the first assistant
-    header, and that first reply's tokens (the data's own answer)."""
+    """First turns of num_samples held-out conversations: the distilled val split, then (greedy
+    continuation only, where the data's answers are not used) other prompts of the prepared val
+    split, which no training stage saw either."""
     from datasets import load_from_disk
 
+    c = cfg.profile.calibrate
     folder = Path(cfg.data.distilled_dir)
     if not folder.is_dir():
         raise FileNotFoundError(f"distilled data {folder} does not exist; run `dvc repro distill` first")
-    val = load_from_disk(str(folder))["val"]
-    c = cfg.profile.calibrate
-    turns = []
-    for row in val:
-        labels = row["labels"]
-        start = next((i for i, y in enumerate(labels) if y != -100), None)
-        if start is None or start > c.max_prompt_tokens:
-            continue
-        end = next((i for i in range(start, len(labels)) if labels[i] == -100), len(labels))
-        turns.append((list(row["input_ids"][:start]), list(row["input_ids"][start:end])))
-        if len(turns) == c.num_samples:
-            break
+    sources = [load_from_disk(str(folder))["val"]]
+    if c.continuation == "greedy" and Path(cfg.data.prepared_dir).is_dir():
+        sources.append(load_from_disk(str(cfg.data.prepared_dir))["val"])
+    turns, seen = [], set()
+    for split in sources:
+        for row in split:
+            turn = first_turn(row, int(c.max_prompt_tokens))
+            if turn is None or tuple(turn[0]) in seen:
+                continue
+            seen.add(tuple(turn[0]))
+            turns.append(turn)
+            if len(turns) == c.num_samples:
+                return turns
     if not turns:
         raise ValueError(f"no val row of {folder} has an assistant reply after a prompt of at most "
                          f"{c.max_prompt_tokens} tokens (profile.calibrate.max_prompt_tokens)")
-    if len(turns) < c.num_samples:
-        log.warning("only %d usable val prompts (profile.calibrate.num_samples=%d)", len(turns), c.num_samples)
+    log.warning("only %d usable held-out prompts (profile.calibrate.num_samples=%d)", len(turns), c.num_samples)
     return turns
 
 
