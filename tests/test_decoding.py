@@ -218,3 +218,40 @@ def test_typical_acceptance_runs_and_accepts_oracle():
     res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], sampling=typical, max_new_tokens=24,
                    stop_token_ids=[])
     assert res.new_tokens == base.new_tokens and res.mean_accepted_length > 3
+
+
+SMOLLM2 = REPO_ROOT / "artifacts" / "models" / "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="SmolLM2 not converted yet (python -m pipelines.assets)")
+def test_smollm2_random_heads_equal_baseline():
+    from models.base import load_base_model
+
+    model, tok = load_base_model(str(SMOLLM2))
+    ids = prompt_ids(tok, "Explain why the sky is blue in a short paragraph.")
+    base = generate(model, tok, ids, max_new_tokens=64)
+    for family in FAMILIES:
+        heads = build_heads(HeadsConfig.for_base(model, family, 4, share_lm_head=True), model).eval()
+        res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=64)
+        assert res.new_tokens == base.new_tokens, family
+
+
+@pytest.mark.slow
+def test_generate_cli(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    for heads in ("none", "hydra_pp"):
+        out = tmp_path / f"{heads}.json"
+        cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", f"heads={heads}", "random_heads=true",
+               "tree=chain4", "prompt=Hello there", "max_new_tokens=12", "threads=1", f"output={out}",
+               f"hydra.run.dir={tmp_path / 'hydra'}"]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "mean accepted length" in proc.stdout
+        record = json.loads(out.read_text())
+        assert len(record["new_tokens"]) == 12 and record["tree"] == (None if heads == "none" else "chain4")
