@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from models.projection import project
+
 ACCEPTANCE_RULES = ("greedy", "typical", "sampling")
 
 
@@ -90,26 +92,6 @@ def _top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
         k = min(4 * k, V)
     kept = torch.full_like(x, float("-inf"))
     return kept.scatter(-1, idx, vals.masked_fill(before >= top_p, float("-inf")))
-
-
-SMALL_BATCH = 8
-
-
-def project(linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) for x [R, h] -> [R, V], the LM-head product of the baseline, the verify step and the heads.
-
-    On a CPU with R <= 8 it runs as weight @ x.T, which MKL does 2-3x faster than nn.Linear's
-    x @ weight.T for so few rows (measured on a 49152 x 576 LM head); a single row goes in twice,
-    as a 2-column product is also faster than MKL's matrix-vector product there.
-    """
-    R = x.shape[0]
-    if R <= SMALL_BATCH and isinstance(linear, torch.nn.Linear) and x.device.type == "cpu":
-        cols = x.to(linear.weight.dtype)
-        if R == 1:
-            cols = torch.cat([cols, cols])
-        out = (linear.weight @ cols.T)[:, :R].T                                # [R, V], column-major view
-        return out if linear.bias is None else out + linear.bias
-    return linear(x)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from models import acceptance
-from models.acceptance import NodeLogits, SamplingConfig, project, sample, typical_probs, warp_probs
+from models.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
 from models.drafting import Drafter
 from models.kv_cache import keep_accepted, new_cache
+from models.projection import project
 from models.trees import TreeBuffers, TreeSpec
 
 __all__ = ["SamplingConfig", "GenerationResult", "generate", "verify_tree"]

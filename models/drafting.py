@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from models.acceptance import SamplingConfig, project, warp_probs
+from models.acceptance import SamplingConfig, warp_probs
 from models.heads import DraftHeads
 from models.kv_cache import new_cache
+from models.projection import project
 
 
 class Drafter:

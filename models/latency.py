@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from models.acceptance import project
 from models.decoding import verify_tree
 from models.kv_cache import new_cache
+from models.projection import project
 from models.trees import TreeBuffers, chain_tree
 
 
