@@ -33,8 +33,11 @@ class Drafter:
         # run head k as head_hidden + project (fast for few rows); other head objects: head_logits.
         self.linears = None
         if isinstance(heads, DraftHeads):
-            shared = heads.lm_heads is None
-            self.linears = [heads._base["lm_head"] if shared else heads.lm_heads[k] for k in range(heads.config.num_heads)]
+            base = heads._base.get("lm_head")                       # None until heads.attach(model)
+            if heads.lm_heads is not None:
+                self.linears = list(heads.lm_heads)
+            elif base is not None:
+                self.linears = [base] * heads.config.num_heads
         self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
@@ -71,7 +74,7 @@ class Drafter:
         return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
 
     def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, V]
-        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, V]
+        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, V] product
             x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
             return project(self.linears[0], x)
         return torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])

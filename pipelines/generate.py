@@ -71,6 +71,12 @@ class Streamer:
             self.stream.write(piece)
         self.stream.flush()
 
+    def finish(self) -> None:
+        """Print what an unfinished multi-byte character held back."""
+        text = self.tok.decode(self.tokens, skip_special_tokens=True)
+        self.stream.write(text[len(self.printed):] + "\n")
+        self.stream.flush()
+
 
 @stage
 def main(cfg: DictConfig) -> None:
@@ -94,7 +100,7 @@ def main(cfg: DictConfig) -> None:
         streamer = Streamer(tok)
         res = generate(model, tok, ids, heads=heads, tree=tree, sampling=sampling,
                        max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer)
-        print()
+        streamer.finish()
         print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
               f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "
               f"(stop: {res.stop_reason})")
