@@ -33,7 +33,7 @@ class SamplingConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0                 # 0 = no top-k filter
-    acceptance: str = "greedy"     # greedy | typical | sampling (temperature 0 always decodes greedily)
+    acceptance: str = "greedy"     # greedy | typical | sampling; "greedy" or temperature 0 decode greedily
     epsilon: float = 0.09          # typical acceptance: hard threshold
     delta: float = 0.3             # typical acceptance: entropy-scaled threshold
     seed: int | None = None
