@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -88,7 +89,7 @@ class HiddenCache:
                     for row, i in enumerate(idx):
                         out[i] = hidden[row, :len(chunk[i])].to("cpu", dtype)
                     bar.update(int(mask.sum()))
-                tmp = folder / f"shard-{s:05d}.safetensors.tmp"
+                tmp = folder / f"shard-{s:05d}.safetensors.{os.getpid()}.tmp"   # DDP ranks may race: own tmp each
                 save_file({"hidden": torch.cat(out), "lengths": torch.tensor([len(q) for q in chunk])}, str(tmp))
                 tmp.replace(folder / f"shard-{s:05d}.safetensors")   # atomic: complete or absent
         tensors = []

@@ -95,6 +95,8 @@ def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
 def make_recipe(cfg: DictConfig) -> Recipe:
     d = OmegaConf.to_container(cfg.heads.recipe, resolve=True)
     d.setdefault("max_warmup_ratio", cfg.profile.train.get("max_warmup_ratio"))
+    if d.get("lm_loss") == "auto":  # Medusa-2: KL to the adapters-off model only on the model's own answers
+        d["lm_loss"] = "kl" if cfg.profile.train.get("data", "distilled") == "distilled" else "ce"
     return Recipe.from_dict(d, ignore=STAGE_KEYS)
 
 
@@ -115,7 +117,8 @@ def run_train(cfg: DictConfig, callbacks=()) -> dict:
     if t.get("num_threads"):
         torch.set_num_threads(int(t.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # each DDP rank (Lightning starts them with LOCAL_RANK set) computes on its own GPU
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model(cfg, device=device)
     model.requires_grad_(False)
     # 1) data

@@ -204,6 +204,13 @@ def test_interrupted_training_resumes_from_last_checkpoint(tmp_path):
     trainer = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
                             trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
     assert first.global_step == 4 and trainer.global_step == 12 and trainer.current_epoch == 2
+    # a finished run started again resumes to its final state and trains no further
+    module2, heads2 = make_module("hydra", model)
+    first = FirstStep()
+    trainer = fit_resumable(module2, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
+                            trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
+    assert first.__dict__.get("global_step") in (None, 12) and trainer.global_step == 12
+    assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), heads2.state_dict().values()))
     # other settings: the checkpoint is not resumed
     module, _ = make_module("hydra", model)
     first = FirstStep()
