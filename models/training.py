@@ -374,10 +374,12 @@ def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str |
     # last.ckpt at every epoch end (so a finished run resumes to its final state) and, optionally, every
     # N optimizer steps. A mid-epoch resume restores step, optimizer and schedule; Lightning restarts the
     # interrupted epoch's data order (the DataLoader is not resumable).
-    checkpoints = [ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=0, save_last=True)]
+    # Both write last.ckpt (no "-v1" copies): it always holds the latest state.
+    same = {"dirpath": ckpt_dir, "filename": "{epoch}-{step}", "save_top_k": 0, "save_last": True,
+            "enable_version_counter": False}
+    checkpoints = [ModelCheckpoint(**same)]
     if every_n_train_steps:
-        checkpoints.append(ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=0, save_last=True,
-                                           every_n_train_steps=every_n_train_steps))
+        checkpoints.append(ModelCheckpoint(**same, every_n_train_steps=every_n_train_steps))
     kwargs = {"enable_model_summary": False, "num_sanity_val_steps": 0, **(trainer_kwargs or {})}
     trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[*checkpoints, *callbacks],
                          default_root_dir=str(ckpt_dir), **kwargs)

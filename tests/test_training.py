@@ -198,12 +198,13 @@ def test_interrupted_training_resumes_from_last_checkpoint(tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2, trainer_kwargs=quiet_trainer_kwargs(),
                       callbacks=[Interrupt(5)], every_n_train_steps=2)
-    assert (tmp_path / "ckpt" / "last.ckpt").is_file()
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["last.ckpt"]
     module, heads = make_module("hydra", model)                          # a fresh process would start like this
     first = FirstStep()
     trainer = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
                             trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
     assert first.global_step == 4 and trainer.global_step == 12 and trainer.current_epoch == 2
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["last.ckpt"]
     # a finished run started again resumes to its final state and trains no further
     module2, heads2 = make_module("hydra", model)
     first = FirstStep()
