@@ -220,15 +220,11 @@ def test_typical_acceptance_runs_and_accepts_oracle():
     assert res.new_tokens == base.new_tokens and res.mean_accepted_length > 3
 
 
-SMOLLM2 = REPO_ROOT / "artifacts" / "models" / "SmolLM2-135M-Instruct"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="SmolLM2 not converted yet (python -m pipelines.assets)")
-def test_smollm2_random_heads_equal_baseline():
+def test_smollm2_random_heads_equal_baseline(smollm_dir):  # smollm_dir builds the assets when missing
     from models.base import load_base_model
 
-    model, tok = load_base_model(str(SMOLLM2))
+    model, tok = load_base_model(str(smollm_dir))
     ids = prompt_ids(tok, "Explain why the sky is blue in a short paragraph.")
     base = generate(model, tok, ids, max_new_tokens=64)
     for family in FAMILIES:
