@@ -33,7 +33,7 @@ from models.conversations import IGNORE_INDEX, tokenize_conversations
 from models.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
                                 vllm_available)
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
-from pipelines.prepare import FEATURES
+from pipelines.prepare import FEATURES, load_tokenizer
 
 SPLITS = ("train", "val")
 # What defines the samples of a shard; batch_size and use_vllm only change how they are produced.
@@ -131,16 +131,19 @@ def fingerprint_of(cfg: DictConfig, prepared: DatasetDict) -> tuple[str, dict]:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
 
-def make_generator(cfg: DictConfig, model, tokenizer):
+def make_generator(cfg: DictConfig):
+    """(generator, tokenizer): vLLM when asked for and importable (it loads the weights itself), else transformers."""
     d = cfg.profile.distill
     settings = GenerationSettings(max_new_tokens=int(d.max_new_tokens), temperature=float(d.temperature),
                                   top_p=float(d.top_p), batch_size=int(d.batch_size))
     if d.use_vllm and not cfg.model.tiny:
         if vllm_available():
             log.info("generating with vLLM")
-            return VLLMGenerator(str(cfg.model.source), tokenizer, settings, dtype=cfg.model.dtype)
+            tokenizer = load_tokenizer(cfg)
+            return VLLMGenerator(str(cfg.model.source), tokenizer, settings, dtype=cfg.model.dtype), tokenizer
         log.warning("profile.distill.use_vllm is set but vllm is not importable: generating with transformers")
-    return HFGenerator(model, tokenizer, settings)
+    model, tokenizer = load_model(cfg, device="cuda" if torch.cuda.is_available() else "cpu")
+    return HFGenerator(model, tokenizer, settings), tokenizer
 
 
 def assemble(store: ShardStore, work: dict, tokenizer, max_length: int, out: Path) -> dict:
@@ -192,7 +195,7 @@ def run_distill(cfg: DictConfig) -> dict:
         raise FileNotFoundError(f"prepared data {prepared_dir} does not exist; run `dvc repro prepare` "
                                 "(or `python -m pipelines.prepare`) first")
     prepared = load_from_disk(str(prepared_dir))
-    model, tokenizer = load_model(cfg, device="cuda" if _cuda() else "cpu")
+    generator, tokenizer = make_generator(cfg)
     # 1) the work list
     work = select_work(prepared, tokenizer, d.num_conversations, d.max_turns, int(d.max_prompt_tokens),
                        d.get("val_conversations"))
@@ -204,7 +207,6 @@ def run_distill(cfg: DictConfig) -> dict:
              sum(len(w) for w in work.values()), len(work["train"]), len(work["val"]), shard_size, len(todo),
              len(store.manifest["shards"]))
     # 2) generate the missing shards
-    generator = make_generator(cfg, model, tokenizer)
     n_turns = sum(len(t) for s, i in todo for _, t in work[s][i * shard_size:(i + 1) * shard_size])
     with tqdm(total=n_turns, desc="distill", unit="answer", mininterval=5.0) as bar:
         for split, index in todo:
@@ -228,10 +230,6 @@ def run_distill(cfg: DictConfig) -> dict:
     write_json(Path(cfg.paths.reports) / "metrics" / "distill.json", result)
     log.info("distill: %s", result)
     return result
-
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
 
 
 @stage

@@ -108,7 +108,7 @@ def unigram_baseline(train_labels, val_labels) -> float:
     return sum(l == top for l in targets) / max(1, len(targets))
 
 
-def run_train(cfg: DictConfig, callbacks=()) -> dict:
+def run_train(cfg: DictConfig) -> dict:
     """Steps 1) to 4); returns the metrics also written to reports/metrics/train_<heads>.json."""
     t0, t, h = time.time(), cfg.profile.train, cfg.heads
     if h.family == "none":
@@ -165,7 +165,7 @@ def run_train(cfg: DictConfig, callbacks=()) -> dict:
 
         logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, run_id=run.info.run_id,
                               tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
-        cbs = [LearningRateMonitor(logging_interval="step"), *callbacks]
+        cbs = [LearningRateMonitor(logging_interval="step")]
         t_fit = time.time()
         if recipe.kind != "medusa2":
             module = MODULES[recipe.kind](heads, model, recipe)
