@@ -159,6 +159,12 @@ def run_train(cfg: DictConfig) -> dict:
     epochs = effective_epochs(cfg)
     every = t.get("checkpoint_every_n_steps")
     out_dir = Path(cfg.paths.results) / "heads" / h.name
+    if not is_global_zero():
+        # DDP/FSDP ranks > 0 (Lightning re-runs this script with LOCAL_RANK/NODE_RANK set): train, log and save nothing
+        module, trainer, steps = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
+                                            trainer_kwargs, False, [], every)
+        trainer.validate(module, loader("val"), verbose=False)
+        return {}
     with mlflow_run(cfg, "train", run_name=f"train-{h.name}") as run:
         import mlflow
         from pytorch_lightning.loggers import MLFlowLogger
@@ -167,14 +173,8 @@ def run_train(cfg: DictConfig) -> dict:
                               tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
         cbs = [LearningRateMonitor(logging_interval="step")]
         t_fit = time.time()
-        if recipe.kind != "medusa2":
-            module = MODULES[recipe.kind](heads, model, recipe)
-            trainer = fit_resumable(module, loader("train", shuffle=True), loader("val"), ckpt_root,
-                                    fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
-            steps = {"fit": trainer.global_step}
-        else:
-            module, trainer, steps = train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
-                                                   trainer_kwargs, logger, cbs, every)
+        module, trainer, steps = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
+                                            trainer_kwargs, logger, cbs, every)
         t_fit = time.time() - t_fit
         # 4) final figures, heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
@@ -201,6 +201,24 @@ def run_train(cfg: DictConfig) -> dict:
     log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f) in %.0f s", h.name, metrics["val_top1"],
              metrics["val_top5"], metrics["baseline_unigram_top1"], metrics["wall_time_s"])
     return metrics
+
+
+def is_global_zero() -> bool:
+    """Before the Trainer exists: RANK (torchrun, SLURM) or LOCAL_RANK + NODE_RANK (Lightning's own launcher)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
+    """(module, trainer, optimizer steps per part) of the recipe's family."""
+    if recipe.kind == "medusa2":
+        return train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger,
+                             cbs, every)
+    module = MODULES[recipe.kind](heads, model, recipe)
+    trainer = fit_resumable(module, loader("train", shuffle=True), loader("val"), ckpt_root,
+                            fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
+    return module, trainer, {"fit": trainer.global_step}
 
 
 def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
