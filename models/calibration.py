@@ -53,6 +53,7 @@ autoregressive baseline's step is the profile's 1-token forward + LM head.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import time
@@ -66,29 +67,23 @@ Path = tuple[int, ...]
 
 # -- 1) measuring ranks ------------------------------------------------------------------------
 
-@torch.no_grad()
-def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None,
-                         pad_token_id: int = 0, batch_size: int = 8) -> list[list[int]]:
-    """Each prompt followed by the base model's greedy answer (up to and including EOS)."""
-    out = []
-    device = next(model.parameters()).device
-    for i in range(0, len(prompts), batch_size):
-        batch = [list(p) for p in prompts[i:i + batch_size]]
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)   # left padding
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, p in enumerate(batch):
-            ids[b, width - len(p):] = torch.tensor(p)
-            mask[b, width - len(p):] = 1
-        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                             temperature=None, top_p=None, top_k=None)
-        for b, p in enumerate(batch):
-            new = gen[b, width:].tolist()
-            if eos_token_id is not None and eos_token_id in new:
-                new = new[:new.index(eos_token_id) + 1]
-            out.append(p + new)
-    return out
+def model_fingerprint(model) -> str:
+    """A cheap checksum of the weights (the first values of every tensor): tells a LoRA-merged model apart."""
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().flatten()[:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                         stop_token_ids: Sequence[int] = ()) -> list[list[int]]:
+    """Each prompt followed by the base model's greedy answer (up to and including a stop token),
+    decoded by the evaluation's own autoregressive baseline (models.decoding.generate, heads=None)."""
+    from models.decoding import generate
+
+    return [list(p) + generate(model, None, list(p), max_new_tokens=max_new_tokens,
+                               stop_token_ids=list(stop_token_ids)).new_tokens for p in prompts]
 
 
 @torch.no_grad()
@@ -105,7 +100,8 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
         raise ValueError(f"start={start} must leave at least one target in a sequence of {T} tokens")
     pos = torch.arange(T, device=device)[None]
     hidden = model.get_decoder()(input_ids=ids[None], position_ids=pos).last_hidden_state   # [1, T, h]
-    greedy = model.get_output_embeddings()(hidden)[0].argmax(-1)                             # [T]: g_{s+1}
+    greedy = torch.full((T,), -1, dtype=torch.long, device=device)                            # [T]: g_{s+1}, s >= start
+    greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
     hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]

@@ -16,6 +16,7 @@ DVC runs it on the composed params.yaml with `+select.heads=<name>` (pipelines/c
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,8 +27,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.calibration import (accuracy_table, choose_budget, empirical_accept_length,
-                                greedy_continuations, greedy_tree, interpolate_cost, machine_description,
+from models.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
+                                greedy_tree, interpolate_cost, machine_description, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
 from models.latency import verify_latency_profile
@@ -130,6 +131,26 @@ def held_out_turns(cfg: DictConfig) -> list[tuple[list[int], list[int]]]:
                          f"{c.max_prompt_tokens} tokens (profile.calibrate.max_prompt_tokens)")
     log.warning("only %d usable held-out prompts (profile.calibrate.num_samples=%d)", len(turns), c.num_samples)
     return turns
+
+
+def cached_continuations(cfg: DictConfig, model, tokenizer, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy continuations, computed once per model weights (Medusa-2 merges its adapter: other weights)
+    and reused by the families that share them, in results/cache/calibrate/ (a cache, not a DVC output)."""
+    from models.decoding import resolve_stop_ids
+
+    stops = sorted(resolve_stop_ids(model, tokenizer))
+    max_new = int(cfg.profile.calibrate.max_new_tokens)
+    key = hashlib.sha256(json.dumps({"model": model_fingerprint(model), "prompts": prompts, "stops": stops,
+                                     "max_new_tokens": max_new}).encode()).hexdigest()[:16]
+    path = Path(cfg.paths.results) / "cache" / "calibrate" / f"{cfg.model.name}-{key}.json"
+    if path.is_file():
+        log.info("greedy continuations from %s", path)
+        return json.loads(path.read_text())["sequences"]
+    t0 = time.perf_counter()
+    seqs = greedy_continuations(model, prompts, max_new, stops)
+    write_json(path, {"model": cfg.model.name, "max_new_tokens": max_new, "sequences": seqs})
+    log.info("%d greedy continuations in %.0f s -> %s", len(seqs), time.perf_counter() - t0, path)
+    return seqs
 
 
 # -- trees and costs ---------------------------------------------------------------------------
@@ -243,8 +264,7 @@ def calibrate(cfg: DictConfig) -> dict:
     turns = held_out_turns(cfg)
     prompts = [p for p, _ in turns]
     if c.continuation == "greedy":
-        seqs = greedy_continuations(model, prompts, int(c.max_new_tokens), tokenizer.eos_token_id,
-                                    tokenizer.pad_token_id, int(c.batch_size))
+        seqs = cached_continuations(cfg, model, tokenizer, prompts)
     elif c.continuation == "data":   # positions off the greedy path are skipped (models/calibration.py)
         seqs = [p + r[:int(c.max_new_tokens)] for p, r in turns]
     else:
@@ -268,13 +288,19 @@ def calibrate(cfg: DictConfig) -> dict:
         if spec.depth <= D and spec.topk == K:
             fixed[name] = evaluate_tree(spec, acc, ranks, latency, model, heads, cfg)
     chosen = choose_budget(rows)
+    # the profile and the step timings are taken minutes apart: on a shared machine they can disagree
+    drift = float(np.median([r["step_parts_s"]["verify"] / r["verify_s"] for r in rows]))
+    if not 2 / 3 < drift < 3 / 2:
+        log.warning("the verify forwards timed now take %.2fx the latency profile's (%s): the machine's load "
+                    "changed since it was measured; predicted tokens/s are unreliable (re-run on a quiet machine: "
+                    "`dvc repro -f calibrate_latency calibrate`)", drift, latency_path(cfg))
     baseline = 1.0 / latency["baseline_step_s"]
     result = {
         "heads": cfg.heads.name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
         "continuation": c.continuation, "num_sequences": len(ranks), "num_positions": int(counts[0]),
         "acc": acc.tolist(), "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
         "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
-        "baseline_tokens_per_s": baseline, "budgets": rows, "fixed_trees": fixed,
+        "baseline_tokens_per_s": baseline, "verify_now_vs_profile": drift, "budgets": rows, "fixed_trees": fixed,
         "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
     }
 

@@ -139,8 +139,7 @@ def test_sequence_ranks_match_brute_force(family):
     heads = _noisy_heads(model, family)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    (seq,) = greedy_continuations(model, [prompt], max_new_tokens=12, eos_token_id=None,
-                                  pad_token_id=tok.pad_token_id)
+    (seq,) = greedy_continuations(model, [prompt], max_new_tokens=12)
     assert len(seq) == len(prompt) + 12
     start = len(prompt) - 1
     K = 128   # half the tiny vocabulary: most ranks are found, so the alignment is really checked
@@ -218,6 +217,7 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     tps = [b["predicted_tokens_per_s"] for b in result["budgets"]]
     assert result["chosen"]["predicted_tokens_per_s"] == max(tps)
     assert (tmp_path / "results" / "calibrate" / "latency.json").is_file()
+    assert len(list((tmp_path / "results" / "cache" / "calibrate").glob("*.json"))) == (continuation == "greedy")
     # tree=optimal (conf/tree/optimal.yaml, kind: file) loads what the stage wrote
     spec = tree_from_config(dict(cfg.tree, kind="file", file=str(out / "optimal_tree.json")))
     assert spec.num_nodes == result["chosen_budget"]
@@ -269,7 +269,7 @@ def test_replayed_steps_match_the_decoder(family, lr):
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     N = 40
-    seqs = greedy_continuations(model, prompts, N, None, tok.pad_token_id)
+    seqs = greedy_continuations(model, prompts, N)
     starts = [len(p) - 1 for p in prompts]
     _fit_heads(model, heads, seqs, starts, lr=lr)             # partly fitted: some drafts accepted, some not
     ranks = [sequence_ranks(model, heads, s, start) for s, start in zip(seqs, starts)]
