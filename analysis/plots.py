@@ -102,11 +102,20 @@ def plot_calibration(rows: list[dict], path, title: str = "") -> Path:
         ax.text(0.5, 0.5, "no results/calibrate/*/calibration.json", ha="center", va="center", transform=ax.transAxes)
     for heads in sorted({r["heads"] for r in rows}):
         pts = [r for r in rows if r["heads"] == heads]
-        line, = ax.plot([r["budget"] for r in pts], [r["predicted"] for r in pts], marker=".", label=f"{heads} predicted")
+        greedy = [r for r in pts if r.get("tree", "budget").startswith("budget")]   # the calibrated trees: lines
+        line, = ax.plot([r["budget"] for r in greedy], [r["predicted"] for r in greedy], marker=".",
+                        label=f"{heads} predicted")
+        replayed = [r for r in greedy if r.get("replayed") is not None]
+        if replayed:
+            ax.plot([r["budget"] for r in replayed], [r["replayed"] for r in replayed], ls=":", color=line.get_color(),
+                    label=f"{heads} replayed (held-out)")
         meas = [r for r in pts if r["measured"] is not None]
         if meas:
             ax.scatter([r["budget"] for r in meas], [r["measured"] for r in meas], marker="x", s=60,
-                       color=line.get_color(), label=f"{heads} measured")
+                       color=line.get_color(), label=f"{heads} measured (MT-Bench)")
+            for r in meas:
+                ax.annotate(r.get("measured_tree") or "", (r["budget"], r["measured"]), fontsize=6,
+                            xytext=(3, -8), textcoords="offset points")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree nodes (budget)")
     ax.set_ylabel("mean accepted tokens per step")

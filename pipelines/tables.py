@@ -4,7 +4,7 @@ The papers' tables with ours beside the published numbers (shared/REFERENCE.md s
 evaluate summary results/eval/<eval.table_tag>/summary.json (and results/calibrate/*/calibration.json
 when present). Writes to reports/:
 
-  tables.md, tables.tex            Medusa table, Hydra table, speedup per category, calibration
+  tables.md, tables.tex            Medusa table, Hydra table, speedup per category, tree choice, calibration
   speedup_per_category.png         bars per category for the methods on eval.plot_tree (+ PLD)
   accept_length_histogram.png      tokens emitted per step, per method on eval.plot_tree (+ PLD)
   speedup_vs_tree_size.png         speedup against the number of tree nodes, per heads
@@ -22,7 +22,7 @@ from analysis import plots
 from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
 
-TABLE_ORDER = ("medusa", "hydra", "category", "calibration")
+TABLE_ORDER = ("medusa", "hydra", "category", "tree_choice", "calibration")
 
 
 def settings_line(summary: dict) -> str:

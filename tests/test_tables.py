@@ -67,18 +67,42 @@ def test_tables_put_published_and_ours_side_by_side(summary, tmp_path):
     assert latex_escape("hydra_pp 5%") == r"hydra\_pp 5\%"
 
 
-def test_calibration_rows_match_measured_tree_by_node_count(summary, tmp_path):
+def test_calibration_rows_pair_predictions_with_replays_and_measurements(summary, tmp_path):
+    summary["methods"]["hydra-optimal"] = method("heads", "hydra", "optimal", 16, speedup=1.7, accept=2.4)
     (tmp_path / "hydra").mkdir()
     (tmp_path / "hydra" / "calibration.json").write_text(json.dumps(
-        {"budgets": [{"budget": 4, "predicted_accept_length": 2.2}, {"budget": 16, "predicted_accept_length": 2.6}]}))
+        {"budgets": [{"budget": 4, "predicted_accept_length": 2.2, "replay_accept_length": 2.1},
+                     {"budget": 16, "predicted_accept_length": 2.6, "replay_accept_length": 2.5}],
+         "fixed_trees": {"chain4": {"budget": 4, "predicted_accept_length": 2.1, "replay_accept_length": 2.0}},
+         "chosen_budget": 16, "chosen": {"predicted_speedup": 1.65}}))
     rows = calibration_rows(summary, load_calibrations(tmp_path))
-    assert rows == [{"heads": "hydra", "budget": 4, "predicted": 2.2, "measured": 2.0, "tree": "chain4"},
-                    {"heads": "hydra", "budget": 16, "predicted": 2.6, "measured": None, "tree": None}]
-    assert "| hydra | 4 | 2.20 | 2.00 | chain4 |" in to_markdown(build_tables(summary, load_calibrations(tmp_path))["calibration"])
+    by_tree = {r["tree"]: r for r in rows}
+    # the greedy 4-node tree is not chain4: it gets no measurement although the node counts agree
+    assert by_tree["budget 4"]["measured"] is None and not by_tree["budget 4"]["chosen"]
+    assert by_tree["chain4"] == {"heads": "hydra", "tree": "chain4", "budget": 4, "chosen": False, "predicted": 2.1,
+                                 "replayed": 2.0, "measured": 2.0, "measured_tree": "chain4"}
+    assert by_tree["budget 16"]["chosen"] and by_tree["budget 16"]["measured"] == 2.4
+    tables = build_tables(summary, load_calibrations(tmp_path))
+    md = to_markdown(tables["calibration"])
+    assert "| hydra | budget 16 (chosen: tree=optimal) | 16 | 2.60 | 2.50 | 2.40 | +0.10 (+4%) | +0.20 (+8%) |" in md
+    assert "| hydra | chain4 | 4 | 2.10 | 2.00 | 2.00 | +0.10 (+5%) | +0.10 (+5%) |" in md
+    choice = to_markdown(tables["tree_choice"])
+    # hydra: sparse64 1.563x, chain4 1.504x, optimal 1.7x -> 1.09x the best fixed tree
+    assert "| hydra | 1.56x ± 0.05 | 1.50x ± 0.05 | 1.70x ± 0.05 | 16 | 1.65x | 1.09x (at least as fast) |" in choice
+
+
+def test_tree_choice_table_flags_a_slower_optimal_tree(summary):
+    summary["methods"]["medusa1-optimal"] = method("heads", "medusa1", "optimal", 8, speedup=1.2)
+    md = to_markdown(build_tables(summary)["tree_choice"])
+    assert "| medusa1 |" in md and "0.88x (slower)" in md and "| hydra |" not in md
 
 
 def test_plots_are_written(summary, tmp_path):
-    rows = [{"heads": "hydra", "budget": 4, "predicted": 2.2, "measured": 2.0, "tree": "chain4"}]
+    rows = [{"heads": "hydra", "tree": "budget 4", "budget": 4, "predicted": 2.2, "replayed": 2.1, "measured": None},
+            {"heads": "hydra", "tree": "budget 8", "budget": 8, "predicted": 2.4, "replayed": 2.2, "measured": 2.3,
+             "measured_tree": "optimal"},
+            {"heads": "hydra", "tree": "chain4", "budget": 4, "predicted": 2.1, "replayed": 2.0, "measured": 2.0,
+             "measured_tree": "chain4"}]
     paths = [plots.plot_speedup_per_category(summary, tmp_path / "cat.png", tree="sparse64"),
              plots.plot_accept_histogram(summary, tmp_path / "hist.png", tree="sparse64"),
              plots.plot_speedup_vs_tree_size(summary, tmp_path / "size.png"),
