@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,32 @@ def test_profile_prepare_keys():
         prepare = compose_with(f"profile={profile}").profile.prepare
         assert prepare.max_length > 0
         assert prepare.max_conversations is None or prepare.max_conversations > 0
+
+
+def dvc_stages(tmp_path, overrides: list[str]) -> dict[str, list[str]]:
+    """What `dvc exp run -S <overrides>` would see: DVC's own Hydra composition into params.yaml, then
+    dvc.yaml's stages resolved against it ({stage name: its outputs})."""
+    from dvc.repo import Repo
+    from dvc.utils.hydra import compose_and_dump
+
+    tmp_path.mkdir()
+    shutil.copy(REPO_ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    compose_and_dump(tmp_path / "params.yaml", str(CONF), None, "config", str(tmp_path), overrides)
+    repo = Repo.init(str(tmp_path), no_scm=True)
+    try:
+        return {s.name: sorted(str(o.def_path) for o in s.outs) for s in repo.index.stages}
+    finally:
+        repo.close()
+
+
+def test_dvc_exp_run_override_adds_its_own_evaluate_stage(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    default = dvc_stages(tmp_path / "default", [])
+    assert "evaluate" in default and not any(name.startswith("evaluate_selected") for name in default)
+    assert default["evaluate"] == ["reports/metrics/evaluate.json", "results/eval/all"]
+
+    chosen = dvc_stages(tmp_path / "chosen", ["heads=hydra_pp", "tree=sparse64"])
+    assert chosen["evaluate_selected@hydra_pp-sparse64"] == ["reports/metrics/evaluate_hydra_pp-sparse64.json",
+                                                             "results/eval/hydra_pp-sparse64"]
+    # every other stage keeps its outputs: the default results are not touched
+    assert {k: v for k, v in chosen.items() if not k.startswith("evaluate_selected")} == default
