@@ -35,7 +35,8 @@ from pytorch_lightning.callbacks import LearningRateMonitor
 
 from models.heads import HeadsConfig, build_heads
 from models.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Medusa1Module, Recipe, collate, fit_resumable)
+from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Medusa1Module, Recipe, collate, fit_resumable,
+                             resolve_precision)
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
 # Recipe keys the stage reads itself (the rest configure models.training.Recipe).
@@ -87,9 +88,13 @@ def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
     items = {"heads": OmegaConf.to_container(cfg.heads, resolve=True),
              "train": {k: v for k, v in OmegaConf.to_container(cfg.profile.train, resolve=True).items()
                        if k not in RUNTIME_KEYS},
-             "model": [cfg.model.name, str(cfg.model.source), cfg.model.dtype], "precision": str(cfg.trainer.precision),
+             "model": [cfg.model.name, str(cfg.model.source), cfg.model.dtype], "precision": trainer_precision(cfg),
              "seed": int(cfg.seed), "data": data_key, "code": code, "part": part}
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def trainer_precision(cfg: DictConfig) -> str:
+    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
 
 
 def make_recipe(cfg: DictConfig) -> Recipe:
@@ -151,7 +156,7 @@ def run_train(cfg: DictConfig) -> dict:
 
     trainer_kwargs = {"accelerator": cfg.trainer.accelerator, "devices": cfg.trainer.devices,
                       "num_nodes": int(cfg.trainer.num_nodes), "strategy": cfg.trainer.strategy,
-                      "precision": cfg.trainer.precision, "accumulate_grad_batches": int(t.grad_accum),
+                      "precision": trainer_precision(cfg), "accumulate_grad_batches": int(t.grad_accum),
                       "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
                       "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
                       "enable_progress_bar": bool(t.get("progress_bar", True))}

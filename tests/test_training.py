@@ -14,7 +14,8 @@ from models.base import build_tiny_model
 from models.conversations import tokenize_conversation
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.hidden_cache import HiddenCache, cache_key
-from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Recipe, collate, fit_resumable, head_positions)
+from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Recipe, collate, fit_resumable, head_positions,
+                             resolve_precision)
 from pipelines.prepare import FEATURES
 
 @pytest.fixture(autouse=True)
@@ -287,3 +288,12 @@ def test_train_stage_writes_heads_metrics_and_reuses_the_cache(stage_cfg, tmp_pa
     assert len(runs) == 2   # one MLflow run per training, each with per-head val accuracy, losses and the lr
     for name in ("val/top5_head3", "train/loss", "stage1/train/loss", "train/lm_loss", "lr-AdamW/heads", "lr-AdamW/lora"):
         assert any(l.endswith(name) for l in logged), name
+
+
+def test_auto_precision_uses_bf16_only_where_the_hardware_has_it():
+    amx = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16\n"
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+    assert resolve_precision("auto", "cpu", cpuinfo=amx) == "bf16-mixed"
+    assert resolve_precision("auto", "cpu", cpuinfo=avx2) == "32-true"
+    assert resolve_precision("auto", "gpu", cpuinfo=avx2) == "bf16-mixed"
+    assert resolve_precision("16-mixed", "cpu", cpuinfo=amx) == "16-mixed"  # an explicit choice is kept
