@@ -108,7 +108,12 @@ class NodeLogits:
 
     Only the rows an acceptance rule asks for go through the LM head (a [rows, h] x [h, V]
     product): the nodes with children in one call, then the last accepted node if it is a leaf.
+    A tree of at most EAGER_ROWS tokens gets every row in the first call instead: on a CPU the
+    product is bound by reading the weights, so a few more rows cost little, while a second call
+    for an accepted leaf (every fully accepted chain) reads all the weights again.
     """
+
+    EAGER_ROWS = 16
 
     def __init__(self, hidden: torch.Tensor, lm_head):   # hidden: [N, h]
         self.hidden, self.lm_head = hidden, lm_head
@@ -119,6 +124,8 @@ class NodeLogits:
         if not nodes:
             return self.lm_head(self.hidden[:0])
         missing = [n for n in nodes if n not in self.cache]
+        if missing and not self.cache and len(self.hidden) <= self.EAGER_ROWS:
+            missing = list(range(len(self.hidden)))
         if missing:
             start = time.perf_counter()
             out = project(self.lm_head, self.hidden[missing])

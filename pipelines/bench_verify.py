@@ -2,7 +2,10 @@
 
 A benchmark, not a test: on this machine, for the configured base model (SmolLM2 by default),
   1) the verify step with n tree tokens (n = 1, 4, 8, 16, 32, 64) relative to a 1-token step
-     (median of repeats after a ~300-token prefix; models.latency.verify_latency_profile);
+     (median of repeats after a ~300-token prefix; models.latency.verify_latency_profile), for the
+     model as transformers loads it ("stock") and as the decoders run it (models.fast_inference:
+     prepacked linears, grouped-query attention without copying the cache); issue 14's targets:
+     4 tokens <= 1.20x and 8 tokens <= 1.35x of a 1-token step;
   2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
      share of the verify step (forward + LM head), per head family with the sparse64 tree and
      freshly initialised heads (their quality does not matter for timing).
@@ -18,12 +21,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.decoding import SamplingConfig, generate
+from models.fast_inference import prepare_for_decoding
 from models.heads import HeadsConfig, build_heads
 from models.latency import verify_latency_profile
 from models.trees import tree_from_config
 from pipelines.common import CONF_DIR, load_model, log, stage, write_json
 
-DEFAULTS = {"sizes": [1, 4, 8, 16, 32, 64], "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
+DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
             "families": {"medusa": "medusa1", "hydra": "hydra", "hydra_pp": "hydra_pp"}, "tree": "sparse64"}
 
 
@@ -50,6 +54,33 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
     return rows
 
 
+@torch.inference_mode()
+def op_profile(model, n: int, prefix_len: int, steps: int = 5) -> str:
+    """Top operators (self CPU time) of `steps` verify steps of n tokens after a prefix_len-token cache."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.decoding import verify_tree
+    from models.kv_cache import new_cache
+    from models.projection import project
+    from models.trees import TreeBuffers, chain_tree
+
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    g = torch.Generator().manual_seed(0)
+    cache = new_cache()
+    decoder(input_ids=torch.randint(model.config.vocab_size, (1, prefix_len), generator=g), past_key_values=cache,
+            use_cache=True)
+    buf, toks = TreeBuffers.build(chain_tree(n - 1, topk=1)), torch.randint(model.config.vocab_size, (n,), generator=g)
+
+    def step():
+        project(lm_head, verify_tree(decoder, toks, buf, cache, prefix_len)).argmax(-1)
+        cache.crop(-n)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+
+
 @stage
 def main(cfg: DictConfig) -> None:
     settings = {**DEFAULTS, **OmegaConf.to_container(OmegaConf.select(cfg, "bench", default=OmegaConf.create({})))}
@@ -60,13 +91,21 @@ def main(cfg: DictConfig) -> None:
     log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, platform.processor() or platform.machine(),
              torch.get_num_threads(), load)
 
+    stock = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
+    prepared = prepare_for_decoding(model)
     prof = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
     print(f"\n1) verify step vs tree tokens ({cfg.model.name}, prefix {settings['prefix_len']}, "
-          f"median of {settings['repeats']}, {torch.get_num_threads()} threads)")
-    print(f"{'n':>4} {'forward ms':>11} {'+LM head ms':>12} {'x 1-token':>10} {'fwd only x':>11}")
-    for n, f, t, r, rf in zip(prof["sizes"], prof["forward_s"], prof["forward_lm_head_s"], prof["relative"],
-                              prof["relative_forward"]):
-        print(f"{n:>4} {1e3 * f:>11.1f} {1e3 * t:>12.1f} {r:>10.2f} {rf:>11.2f}")
+          f"median of {settings['repeats']}, {torch.get_num_threads()} threads); decoding runs the prepared model "
+          f"({prepared['packed_linears']} packed linears, attention {prepared['attention']})")
+    print(f"{'n':>4} {'stock ms':>9} {'x 1-token':>10} {'prepared ms':>12} {'x 1-token':>10} {'fwd only x':>11}")
+    for i, n in enumerate(prof["sizes"]):
+        print(f"{n:>4} {1e3 * stock['forward_lm_head_s'][i]:>9.1f} {stock['relative'][i]:>10.2f} "
+              f"{1e3 * prof['forward_lm_head_s'][i]:>12.1f} {prof['relative'][i]:>10.2f} {prof['relative_forward'][i]:>11.2f}")
+
+    if settings["profile"]:
+        for n in (1, 8):
+            print(f"\ntorch.profiler, verify step of {n} token(s) + LM head, 5 steps, prepared model")
+            print(op_profile(model, n, settings["prefix_len"]))
 
     rows = overhead_per_family(cfg, model, settings)
     print(f"\n2) per decoding step, tree {settings['tree']}, {settings['new_tokens']} new tokens, random heads")
@@ -80,6 +119,7 @@ def main(cfg: DictConfig) -> None:
               f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
     record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load,
               "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,
+              "verify_profile_stock": stock, "prepared": prepared,
               "overhead": rows, "median_overhead_share": statistics.median(
                   r["overhead_share"] for r in rows if "overhead_share" in r)}
     path = write_json(f"{cfg.paths.results}/bench/bench_verify.json", record)

@@ -1,0 +1,66 @@
+"""pytest tests/test_fast_inference.py: the CPU speed-ups change speed, not results.
+
+Packed linears and the folded grouped-query attention give the same hidden states as the stock
+model on tree verify steps (chain and branching trees), the same greedy tokens in the baseline and
+speculative loops, and step aside when gradients are on (training is untouched).
+"""
+import pytest
+import torch
+
+from models.base import build_tiny_model
+from models.decoding import generate, verify_tree
+from models.fast_inference import GQA_FOLDED, PACKED_ATTR, pack_linears, prepare_for_decoding, unpack_linears
+from models.kv_cache import new_cache
+from models.trees import TreeBuffers, TreeSpec, chain_tree
+
+TREES = [chain_tree(5, topk=2), TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)]
+
+
+def verify_hidden(model, prompt, tokens, buf):
+    decoder = model.get_decoder()
+    cache = new_cache()
+    with torch.inference_mode():
+        decoder(input_ids=prompt, past_key_values=cache, use_cache=True)
+        return verify_tree(decoder, tokens, buf, cache, prompt.shape[1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.name)
+def test_prepared_model_verifies_like_the_stock_model(arch, tree):
+    model, _ = build_tiny_model(arch, num_attention_heads=4, num_key_value_heads=2, seed=1)   # 2 query heads per kv head
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 250, (1, 37), generator=g)
+    buf = TreeBuffers.build(tree)
+    tokens = torch.randint(3, 250, (buf.num_tokens,), generator=g)
+    stock = verify_hidden(model, prompt, tokens, buf)
+    info = prepare_for_decoding(model)
+    assert info["attention"] == GQA_FOLDED and info["packed_linears"] > 0
+    fast = verify_hidden(model, prompt, tokens, buf)
+    torch.testing.assert_close(fast, stock, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
+    from tests.test_decoding import random_heads      # heads built against the stock model, used after preparing
+
+    model, tok = tiny_model
+    prompt = list(range(10, 60))
+    base_stock = generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[]).new_tokens
+    heads = random_heads(model, "hydra")
+    prepare_for_decoding(model)
+    assert generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[]).new_tokens == base_stock
+    spec = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=40, stop_token_ids=[])
+    assert spec.new_tokens == base_stock
+
+
+def test_packed_linear_steps_aside_for_training_and_changed_weights(tiny_model):
+    model, _ = tiny_model
+    lin = model.get_decoder().layers[0].mlp.up_proj
+    assert pack_linears(model) > 0 and hasattr(lin, PACKED_ATTR)
+    x = torch.randn(3, lin.in_features, requires_grad=True)
+    lin(x).sum().backward()                            # autograd path: F.linear, gradients reach the weight
+    assert lin.weight.grad is not None and x.grad is not None
+    with torch.no_grad():
+        lin.weight.mul_(2.0)                           # weights changed after packing: the stale copy is not used
+        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    unpack_linears(model)
+    assert not hasattr(lin, PACKED_ATTR) and "forward" not in vars(lin)
