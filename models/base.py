@@ -60,8 +60,11 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def build_tiny_model(arch: str = "llama", hidden_size: int = 64, num_layers: int = 2, num_attention_heads: int = 4,
                      num_key_value_heads: int = 2, intermediate_size: int = 128, max_position_embeddings: int = 512,
-                     seed: int = 0):
-    """A randomly initialised causal LM of the given architecture with the tiny byte tokenizer."""
+                     seed: int = 0, **config_overrides):
+    """A randomly initialised causal LM of the given architecture with the tiny byte tokenizer.
+
+    config_overrides go to the architecture's config (e.g. sliding_window=24, use_sliding_window=True).
+    """
     if arch not in TINY_ARCHS:
         raise ValueError(f"tiny model arch {arch!r} is not known; use one of {sorted(TINY_ARCHS)}")
     tok = build_tiny_tokenizer()
@@ -74,6 +77,8 @@ def build_tiny_model(arch: str = "llama", hidden_size: int = 64, num_layers: int
     )
     if arch == "mistral":
         config.sliding_window = None
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
     config.name_or_path = f"tiny-random-{arch}"
     with torch.random.fork_rng():
         torch.manual_seed(seed)

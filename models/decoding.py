@@ -1,26 +1,33 @@
-"""Speculative decoding with draft heads on an unmodified transformers causal LM, and its baseline.
+"""Speculative decoding on an unmodified transformers causal LM: one decode step shared by every drafter.
 
     from models.decoding import generate, SamplingConfig
     res = generate(model, tok, input_ids, heads=heads, tree=tree_spec, max_new_tokens=128)
-    res = generate(model, tok, input_ids)                      # heads=None: the autoregressive baseline
+    res = generate(model, tok, input_ids, drafter=PromptLookupDrafter())   # any StepDrafter (models/prompt_lookup.py)
+    res = generate(model, tok, input_ids)                      # no drafter: the autoregressive baseline
     res.new_tokens, res.text, res.accept_lengths, res.mean_accepted_length, res.tokens_per_second
 
-One speculative step (DESIGN.md section 3):
-  1) draft:  the heads propose a tree of tokens below the root x_{t+1} (Drafter)
+    state = prefill(model, input_ids [1, T], sampling, generator, drafter)   # the loop, by hand
+    tokens, drafted = decode_step(state, drafter, max_depth)                 # one step; tokens[-1] = state.root
+
+One step (decode_step; DESIGN.md section 3):
+  1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers: the
+             heads' fixed tree (TreeDrafter), a chain of context tokens (prompt lookup); m = 0 drafts
+             (or no drafter) is a plain 1-token step
   2) verify: ONE forward of the base decoder over root + tree nodes with a 4-D additive mask
              (prefix visible, tree part = tree mask) and position_ids = past + depth
   3) accept: greedy / typical / lossless sampling -> accepted path + bonus token
-  4) commit: keep only the accepted path's KV rows; the heads read the last accepted hidden state
+  4) commit: keep only the accepted path's KV rows; the drafter advances over the accepted path
 The prefill token and every bonus token come from the base model, so len(new_tokens) ==
 1 + sum(accept_lengths): accept_lengths[i] = tokens emitted by decoding step i (baseline: 1).
-Stop rules, shared by both loops: the first stop token ends the answer (and is kept); tokens
-beyond max_new_tokens are dropped; positions never exceed max_position_embeddings - 1 (the
-tree is cut to the depth that still fits, then decoding stops cleanly).
+Stop rules (generate's loop): the first stop token ends the answer (and is kept); tokens beyond
+max_new_tokens are dropped; positions never exceed max_position_embeddings - 1 (the draft is cut
+to the depth that still fits, then decoding stops cleanly).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import torch
 
@@ -31,7 +38,8 @@ from models.kv_cache import keep_accepted, new_cache
 from models.projection import project
 from models.trees import TreeBuffers, TreeSpec
 
-__all__ = ["SamplingConfig", "GenerationResult", "generate", "verify_tree"]
+__all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "DecodeState", "prefill",
+           "decode_step", "generate", "verify_tree"]
 
 
 @dataclass
@@ -55,11 +63,17 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         return len(self.new_tokens) / self.wall_time if self.wall_time > 0 else 0.0
 
+    @property
+    def decode_time(self) -> float:
+        """Seconds after the prefill: the decoding steps that emitted new_tokens[1:]."""
+        return self.wall_time - self.prefill_time
+
     def to_dict(self) -> dict:
         return {"new_tokens": self.new_tokens, "text": self.text, "accept_lengths": self.accept_lengths,
                 "steps": self.steps, "wall_time": self.wall_time, "from_draft": self.from_draft,
-                "prefill_time": self.prefill_time, "timings": self.timings, "stop_reason": self.stop_reason,
-                "mean_accepted_length": self.mean_accepted_length, "tokens_per_second": self.tokens_per_second}
+                "prefill_time": self.prefill_time, "decode_time": self.decode_time, "timings": self.timings,
+                "stop_reason": self.stop_reason, "mean_accepted_length": self.mean_accepted_length,
+                "tokens_per_second": self.tokens_per_second}
 
 
 class _Output:
@@ -109,13 +123,32 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers, cache, past: in
 
     The cache grows by N rows (prune them with kv_cache.keep_accepted).
     """
-    N = tokens.numel()
-    mask = torch.zeros(1, 1, N, past + N, dtype=dtype, device=tokens.device)   # prefix columns: all visible
-    mask[..., past:] = buf.additive_mask(dtype, tokens.device)                 # tree part: ancestors + self
     position_ids = (buf.depth.to(tokens.device) + past).unsqueeze(0)           # [1, N]
+    mask = verify_masks(decoder.config, buf, past, dtype, tokens.device)
     out = decoder(input_ids=tokens.unsqueeze(0), attention_mask=mask, position_ids=position_ids,
                   past_key_values=cache, use_cache=True)
     return out.last_hidden_state[0]
+
+
+def verify_masks(config, buf: TreeBuffers, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:
+    """The verify step's 4-D additive mask [1, 1, N, past + N]: every prefix column, the tree part from
+    the tree (ancestors + self). A model with a sliding window gets the window too, as its own mask would
+    have it (key visible iff query position - key position < window): one mask when every layer slides
+    (Mistral), else {"full_attention": ..., "sliding_attention": ...} per layer type (Qwen2, Gemma-2), the
+    mapping these models' forward accepts in place of a mask.
+    """
+    N = buf.num_tokens
+    full = torch.zeros(1, 1, N, past + N, dtype=dtype, device=device)          # prefix columns: all visible
+    full[..., past:] = buf.additive_mask(dtype, device)                        # tree part: ancestors + self
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types):
+        return full
+    depth = buf.depth.to(device)
+    key_pos = torch.cat([torch.arange(past, device=device), past + depth])    # [past + N]
+    too_far = (past + depth)[:, None] - key_pos[None, :] >= window             # [N, past + N]
+    sliding = full.masked_fill(too_far, torch.finfo(dtype).min)
+    return sliding if types is None else {"full_attention": full, "sliding_attention": sliding}
 
 
 def _first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
@@ -139,16 +172,136 @@ def _as_ids(input_ids, device) -> torch.Tensor:
     return ids.unsqueeze(0)                                                      # [1, T]
 
 
+# -- drafters ----------------------------------------------------------------------------------------
+DraftQ = Callable[[int], torch.Tensor] | None     # draft_q(node) -> q [V] of the node's children, or None
+
+
+class StepDrafter(Protocol):
+    """What decode_step needs from a drafter (TreeDrafter, models.prompt_lookup.PromptLookupDrafter)."""
+
+    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """After the prefill: input_ids [T] the prompt, hidden [T, h] its base hidden states."""
+
+    def draft(self, root: int, max_depth: int) -> tuple[TreeBuffers, torch.Tensor, DraftQ]:
+        """-> (buffers of the drafted tree, no deeper than max_depth; tokens [N], node 0 = root; draft_q).
+        A tree of the root alone (N = 1) asks for a plain 1-token step."""
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        """After acceptance: hidden [m, h] and tokens (m, root first) of the accepted path, now at
+        positions position..position+m-1 of the base cache."""
+
+
+class TreeDrafter:
+    """Draft heads on a fixed tree (models.drafting.Drafter), the tree cut to max_depth near the limits."""
+
+    def __init__(self, heads, tree: TreeSpec | TreeBuffers, sampling: SamplingConfig,
+                 generator: torch.Generator | None = None):
+        spec = tree.spec if isinstance(tree, TreeBuffers) else tree
+        spec.check_heads(heads.config.num_heads)
+        self.buf = TreeBuffers.build(spec)
+        self.heads_drafter = Drafter(heads, sampling, generator)
+
+    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.heads_drafter.start(hidden)
+
+    def draft(self, root: int, max_depth: int):
+        spec = self.buf.spec
+        buf = self.buf if max_depth >= spec.depth else TreeBuffers.build(spec.truncated(max_depth))
+        tokens, draft_q = self.heads_drafter.draft(root, buf)
+        return buf, tokens, draft_q
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        self.heads_drafter.advance(hidden, position)
+
+
+# -- the decode step ---------------------------------------------------------------------------------
+def _zero_timings() -> dict:
+    return {"draft": 0.0, "verify": 0.0, "accept": 0.0, "commit": 0.0}
+
+
+@dataclass
+class DecodeState:
+    """One sequence being decoded: `past` positions in the base cache, then `root`, the last emitted
+    token (not yet in the cache). timings: seconds summed over steps: draft, verify (forward + LM head),
+    accept (the rule alone), commit (KV pruning + drafter state)."""
+    decoder: torch.nn.Module
+    lm_head: torch.nn.Module
+    cache: object
+    past: int
+    root: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    dtype: torch.dtype
+    device: torch.device
+    timings: dict = field(default_factory=_zero_timings)
+
+
+def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
+            drafter: StepDrafter | None = None) -> DecodeState:
+    """The prompt ids [1, T] through the base model -> the state with the first new token as root."""
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    cache = new_cache()
+    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
+    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
+    if drafter is not None:
+        drafter.start(ids[0], hidden)
+    return DecodeState(decoder, lm_head, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
+
+
+def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_depth: int = 0) -> tuple[list[int], int]:
+    """One step from state.root: draft (at most max_depth deep) -> verify -> accept -> commit.
+
+    Returns (tokens, drafted): the accepted drafts followed by the bonus token (the new state.root);
+    the first `drafted` tokens are drafts. No drafter, or a draft of the root alone: a plain 1-token step.
+    """
+    t1 = time.perf_counter()
+    root, past, timings = state.root, state.past, state.timings
+    buf, tokens, draft_q = drafter.draft(root, max_depth) if drafter is not None else (None, None, None)
+    t2 = time.perf_counter()
+    if buf is None or buf.num_tokens == 1:
+        # a) plain step: the root alone, causal, no mask needed
+        hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
+                               position_ids=torch.tensor([[past]], device=state.device),
+                               past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
+        logits = project(state.lm_head, hidden)[0]                                                  # [V]
+        t3 = time.perf_counter()
+        bonus = _first_token(logits, state.sampling, state.generator, speculative=drafter is not None)
+        t4 = time.perf_counter()
+        path, drafts = [0], []
+        timings["verify"] += t3 - t2
+        timings["accept"] += t4 - t3
+    else:
+        # b) verify the tree in one forward, c) accept (the LM head runs only on the rows the rule reads)
+        hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)             # [N, h]
+        t3 = time.perf_counter()
+        node_logits = NodeLogits(hidden, state.lm_head)
+        rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
+        path, bonus = rule(tokens, buf, node_logits, state.sampling, state.generator, draft_q)
+        t4 = time.perf_counter()
+        keep_accepted(state.cache, past, path, buf.num_tokens)    # only the accepted path stays in the cache
+        drafts = tokens[path[1:]].tolist()
+        timings["verify"] += t3 - t2 + node_logits.seconds        # forward + LM head
+        timings["accept"] += t4 - t3 - node_logits.seconds
+    # d) commit: the drafter's state follows the accepted path
+    if drafter is not None:
+        drafter.advance(hidden[path], [root, *drafts], past)
+    state.past, state.root = past + len(path), bonus
+    timings["draft"] += t2 - t1
+    timings["commit"] += time.perf_counter() - t4
+    return drafts + [bonus], len(drafts)
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffers | None = None,
              sampling: SamplingConfig | None = None, max_new_tokens: int = 128, stop_token_ids=None,
-             on_tokens=None) -> GenerationResult:
-    """Decode one answer. heads=None: autoregressive baseline; otherwise speculative with `tree`.
+             on_tokens=None, drafter: StepDrafter | None = None) -> GenerationResult:
+    """Decode one answer: with `heads` on `tree`, with another `drafter` (e.g. prompt lookup), or
+    neither: the autoregressive baseline.
 
     on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are emitted (streaming).
     """
     sampling = sampling or SamplingConfig()
-    device, dtype = next(model.parameters()).device, model.dtype
+    device = next(model.parameters()).device
     generator = torch.Generator(device=device)
     if sampling.seed is not None:
         generator.manual_seed(sampling.seed)
@@ -156,82 +309,37 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         generator.seed()
     stops = resolve_stop_ids(model, tokenizer, stop_token_ids)
     out = _Output(max_new_tokens, stops, on_tokens)
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
     ids = _as_ids(input_ids, device)
     if ids.shape[1] > max_pos:
         raise ValueError(f"prompt has {ids.shape[1]} tokens but the model's context is {max_pos} "
                          "(max_position_embeddings); shorten the prompt")
-    buf_full = None
     if heads is not None:
+        if drafter is not None:
+            raise ValueError("pass either heads (with a tree) or a drafter, not both")
         if tree is None:
             raise ValueError("speculative decoding needs a tree (TreeSpec or TreeBuffers); pass heads=None for the baseline")
-        spec = tree.spec if isinstance(tree, TreeBuffers) else tree
-        spec.check_heads(heads.config.num_heads)
-        buf_full = TreeBuffers.build(spec)
-    t0 = time.perf_counter()
-    timings = {"draft": 0.0, "verify": 0.0, "accept": 0.0, "commit": 0.0}
+        drafter = TreeDrafter(heads, tree, sampling, generator)
     accept_lengths: list[int] = []
     if max_new_tokens <= 0:
         return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")
 
-    # 1) prefill: the prompt through the base model -> first token (the root of the first tree)
-    cache = new_cache()
-    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]   # [T, h]
-    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator, speculative=heads is not None)
-    drafter = None
-    if heads is not None:
-        drafter = Drafter(heads, sampling, generator)
-        drafter.start(hidden)
+    # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
+    t0 = time.perf_counter()
+    state = prefill(model, ids, sampling, generator, drafter)
     prefill_time = time.perf_counter() - t0
-    out.emit([root], [False])
-    past = ids.shape[1]                                   # cached positions; the root sits at position `past`
+    out.emit([state.root], [False])
 
-    # 2) decoding steps
+    # 2) decoding steps, each drafting no deeper than the context and the token limit allow
     while not out.done:
-        if past >= max_pos:                               # the root itself has no position left
+        if state.past >= max_pos:                         # the root itself has no position left
             out.stop_reason = "context_limit"
             break
-        t1 = time.perf_counter()
-        if heads is None:                                 # baseline: one token per step
-            h = decoder(input_ids=torch.tensor([[root]], device=device), position_ids=torch.tensor([[past]], device=device),
-                        past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
-            logits = project(lm_head, h[None])[0]                                        # [V]
-            t2 = time.perf_counter()
-            root = _first_token(logits, sampling, generator)
-            t3 = time.perf_counter()
-            timings["verify"] += t2 - t1
-            timings["accept"] += t3 - t2
-            past += 1
-            accept_lengths.append(out.emit([root], [False]))
-            continue
-        # a) draft (with a tree cut to what fits before the context limit and the token limit)
-        depth = min(buf_full.spec.depth, max_pos - 1 - past, max_new_tokens - len(out.tokens) - 1)
-        buf = buf_full if depth >= buf_full.spec.depth else TreeBuffers.build(buf_full.spec.truncated(depth))
-        tokens, draft_q = drafter.draft(root, buf)
-        t2 = time.perf_counter()
-        # b) verify
-        hidden = verify_tree(decoder, tokens, buf, cache, past, dtype)                        # [N, h]
-        t3 = time.perf_counter()
-        # c) accept (the LM head runs on the nodes with children, then on a leaf if the path ends there)
-        node_logits = NodeLogits(hidden, lm_head)
-        path, bonus = acceptance.ACCEPTANCE["greedy" if sampling.greedy else sampling.acceptance](
-            tokens, buf, node_logits, sampling, generator, draft_q)
-        t4 = time.perf_counter()
-        # d) commit: only the accepted path stays in the base cache and enters the drafter's state
-        keep_accepted(cache, past, path, buf.num_tokens)
-        drafter.advance(hidden[path], past)
-        past += len(path)
-        drafted = tokens[path[1:]].tolist()
-        t5 = time.perf_counter()
-        timings["draft"] += t2 - t1
-        timings["verify"] += t3 - t2 + node_logits.seconds          # forward + LM head
-        timings["accept"] += t4 - t3 - node_logits.seconds
-        timings["commit"] += t5 - t4
-        accept_lengths.append(out.emit(drafted + [bonus], [True] * len(drafted) + [False]))
-        root = bonus
+        max_depth = min(max_pos - 1 - state.past, max_new_tokens - len(out.tokens) - 1)
+        tokens, drafted = decode_step(state, drafter, max_depth)
+        accept_lengths.append(out.emit(tokens, [True] * drafted + [False]))
 
     wall = time.perf_counter() - t0
     text = tokenizer.decode(out.tokens, skip_special_tokens=True) if tokenizer is not None else ""
     return GenerationResult(out.tokens, text, accept_lengths, len(accept_lengths), wall, out.from_draft,
-                            prefill_time=prefill_time, timings=timings, stop_reason=out.stop_reason)
+                            prefill_time=prefill_time, timings=state.timings, stop_reason=out.stop_reason)
