@@ -16,13 +16,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from analysis.tables import CATEGORIES, ours_label  # noqa: E402
+from analysis.tables import CATEGORIES, PLD_KINDS, ours_label  # noqa: E402
 
 
 def _methods(summary: dict, tree: str | None) -> dict[str, dict]:
-    """Head methods on `tree` (all trees when None) plus the prompt-lookup peer."""
+    """Head methods on `tree` (all trees when None) plus both prompt lookups."""
     return {name: m for name, m in summary["methods"].items()
-            if (m["kind"] == "heads" and (tree is None or m["tree"] == tree)) or m["kind"] == "pld"}
+            if (m["kind"] == "heads" and (tree is None or m["tree"] == tree)) or m["kind"] in PLD_KINDS}
 
 
 def _save(fig, path) -> Path:
@@ -73,25 +73,34 @@ def plot_accept_histogram(summary: dict, path, tree: str | None = None) -> Path:
 
 
 def plot_speedup_vs_tree_size(summary: dict, path) -> Path:
-    """Speedup against the number of tree nodes, one line per heads name."""
+    """Speedup against the number of tree nodes, one colour per heads name: end to end (solid) and
+    decode-only (dashed); the prompt lookups as horizontal lines (tree-independent)."""
     by_heads: dict[str, list] = {}
     for m in summary["methods"].values():
         if m["kind"] == "heads" and m.get("tree_nodes") and m["speedup"].get("mean") is not None:
-            by_heads.setdefault(m["heads"], []).append((m["tree_nodes"], m["speedup"]["mean"], m["speedup"]["std"] or 0.0,
-                                                        m["tree"]))
-    fig, ax = plt.subplots(figsize=(6, 4))
+            decode = (m.get("decode_speedup") or {}).get("mean")
+            by_heads.setdefault(m["heads"], []).append(
+                (m["tree_nodes"], m["speedup"]["mean"], m["speedup"]["std"] or 0.0, decode, m["tree"]))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for heads, pts in sorted(by_heads.items()):
         pts.sort()
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", label=heads,
-                    capsize=2)
-        for n, s, _, tree in pts:
+        line = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", label=heads,
+                           capsize=2)
+        decode = [(p[0], p[3]) for p in pts if p[3] is not None]
+        if decode:
+            ax.plot([d[0] for d in decode], [d[1] for d in decode], marker=".", linestyle="--",
+                    color=line.lines[0].get_color(), label=f"{heads} decode-only")
+        for n, s, _, _, tree in pts:
             ax.annotate(tree, (n, s), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for (name, m), style in zip(((n, m) for n, m in summary["methods"].items() if m["kind"] in PLD_KINDS), (":", "-.")):
+        if m["speedup"].get("mean") is not None:
+            ax.axhline(m["speedup"]["mean"], color="grey", linewidth=1.0, linestyle=style, label=f"{name} (end to end)")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree nodes (draft tokens verified per step)")
     ax.set_ylabel("speedup over autoregressive")
-    ax.set_title(f"Speedup vs tree size: {ours_label(summary)}", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title(f"Speedup vs tree size (solid: end to end, dashed: decode-only): {ours_label(summary)}", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
     return _save(fig, path)
 
 

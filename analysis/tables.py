@@ -12,14 +12,17 @@ Input: the summary written by `pipelines.evaluate` (results/eval/<tag>/summary.j
      "settings": {"turns": 1, "max_new_tokens": 64, "repeats": 1, "temperature_mode": "greedy", ...},
      "baseline": "baseline",
      "methods": {"<method id>": {
-         "kind": "baseline" | "heads" | "pld" | "reference",
+         "kind": "baseline" | "heads" | "pld" | "pld_hf" | "reference",
          "heads": "medusa1" | ... | null, "family": "medusa" | ... | null,
          "tree": "sparse64" | ... | null, "tree_nodes": 63 | null,
-         "speedup": {"mean", "std", "runs"}, "throughput": {...}, "accept_length": {...},
+         "speedup": {"mean", "std", "runs"}, "decode_speedup": {...}, "throughput": {...},
+         "decode_throughput": {...}, "accept_length": {...},
          "per_category": {"writing": {"speedup": {...}, "throughput": {...}, "accept_length": {...}}, ...},
-         "accept_length_histogram": {"1": count, "2": count, ...}, "new_tokens", "wall_time", "steps", "turns"}}}
+         "accept_length_histogram": {"1": count, "2": count, ...}, "new_tokens", "wall_time", "steps", "turns",
+         "questions": 8, "pld_speedups": {"pld": 0.9, "pld_hf": 0.8}}}}   (the PLDs on this method's questions)
 
-Every row says where its numbers come from: "<model>, <hardware> (paper | Spec-Bench | ours)".
+Every row says where its numbers come from: "<model>, <hardware> (paper | Spec-Bench | ours)". A method
+that ran on a subset of the questions (profile.eval.tree_questions) gets a footnote in every table it is in.
 """
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ from analysis.published import published_models, published_value
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 MEDUSA_COLUMNS = (("medusa1", "Medusa-1"), ("medusa2", "Medusa-2"))
-HYDRA_COLUMNS = (("medusa1", "Medusa"), ("hydra", "Hydra"), ("hydra_pp", "Hydra++"), ("pld", "PLD"))
+HYDRA_COLUMNS = (("medusa1", "Medusa"), ("hydra", "Hydra"), ("hydra_pp", "Hydra++"), ("pld", "PLD"),
+                 ("pld_hf", "PLD (transformers)"))
+PLD_KINDS = ("pld", "pld_hf")
 
 
 @dataclass
@@ -79,6 +84,10 @@ def fmt_length(stat, published: bool = False) -> str:
     return "-" if stat.get("mean") is None else f"{stat['mean']:.2f}"
 
 
+def fmt_rate(stat) -> str:
+    return "-" if stat is None or stat.get("mean") is None else f"{stat['mean']:.1f}"
+
+
 def ours_label(summary: dict, tree: str | None = None) -> str:
     tree_part = f", tree {tree}" if tree else ""
     return f"{summary['model']}, {summary['hardware']} (ours{tree_part})"
@@ -90,13 +99,30 @@ def method_trees(summary: dict) -> list[str]:
 
 
 def find_method(summary: dict, heads: str, tree: str | None) -> dict | None:
-    """The method entry for a heads name on a tree ("pld" matches the prompt-lookup peer, any tree)."""
+    """The method entry for a heads name on a tree ("pld" / "pld_hf" match the prompt lookups, any tree)."""
     for m in summary["methods"].values():
-        if heads == "pld" and m["kind"] == "pld":
+        if heads in PLD_KINDS and m["kind"] == heads:
             return m
         if m["kind"] == "heads" and m.get("heads") == heads and m.get("tree") == tree:
             return m
     return None
+
+
+def subset_notes(summary: dict, methods: list[dict] | None = None) -> list[str]:
+    """"sparse64: 4 of 8 questions ..." for the trees whose methods ran on fewer questions than the run."""
+    total = summary.get("settings", {}).get("num_questions")
+    by_tree = {}
+    for m in methods if methods is not None else summary["methods"].values():
+        if m.get("kind") == "heads" and total and m.get("questions") and m["questions"] < total:
+            by_tree.setdefault(m["tree"], m["questions"])
+    return [f"{tree}: {n} of {total} questions (spread over the categories); its speedups compare it with the "
+            "baseline on those questions." for tree, n in by_tree.items()]
+
+
+def stronger_pld(m: dict) -> tuple[str, float] | None:
+    """(name, speedup) of the faster prompt lookup on this method's own questions."""
+    plds = {k: v for k, v in (m.get("pld_speedups") or {}).items() if v is not None}
+    return max(plds.items(), key=lambda kv: kv[1]) if plds else None
 
 
 # -- the tables ------------------------------------------------------------------------------
@@ -110,7 +136,9 @@ def medusa_table(summary: dict) -> Table:
     for tree in method_trees(summary):
         ms = [find_method(summary, m, tree) for m, _ in MEDUSA_COLUMNS]
         t.rows.append([summary["model"], ours_label(summary, tree), *[fmt_speedup(m["speedup"] if m else None) for m in ms]])
-    t.notes.append("Published: Medusa paper/repo, A100. Ours: same process, methods back to back per question.")
+    t.notes.append("Published: Medusa paper/repo, A100. Ours: same process, methods back to back per question; "
+                   "end to end (prefill included), as published.")
+    t.notes += subset_notes(summary)
     return t
 
 
@@ -132,8 +160,34 @@ def hydra_table(summary: dict) -> Table:
             m = find_method(summary, method, tree)
             cells.append("-" if m is None else f"{fmt_speedup(m['speedup'])} / {fmt_length(m['accept_length'])}")
         t.rows.append([summary["model"], ours_label(summary, tree), *cells])
-    t.notes.append("Hydra paper: 63-node tree (sparse64 here). Spec-Bench: Vicuna-7B, A100. "
-                   "PLD = prompt lookup decoding (transformers), tree-independent.")
+    t.notes.append("Hydra paper: 63-node tree (sparse64 here). Spec-Bench: Vicuna-7B, A100. PLD = prompt lookup "
+                   "decoding, tree-independent: ours in the heads' decoder (same loop and step) and transformers' "
+                   "generate(prompt_lookup_num_tokens). Speedups end to end (prefill included), as published.")
+    t.notes += subset_notes(summary)
+    return t
+
+
+def speed_table(summary: dict) -> Table:
+    """Every method's end-to-end and decode-only speedup, and how it compares with the stronger prompt lookup."""
+    s = summary.get("settings", {})
+    t = Table("speed", "Speedup end to end and decode-only, against the stronger prompt lookup (ours)",
+              ["Method", "Tree nodes", "Questions", "End to end", "Decode-only", "Accepted tokens/step",
+               "Tokens/s", "Decode tokens/s", "vs stronger PLD"])
+    for name, m in summary["methods"].items():
+        if m["kind"] == "reference":
+            continue
+        best = stronger_pld(m) if m["kind"] == "heads" else None
+        mean = m["speedup"].get("mean")
+        versus = "-" if best is None or mean is None or not best[1] else f"{mean / best[1]:.2f}x ({best[0]})"
+        t.rows.append([name, str(m.get("tree_nodes") or "-"), str(m.get("questions") or "-"),
+                       fmt_speedup(m["speedup"]), fmt_speedup(m.get("decode_speedup")), fmt_length(m["accept_length"]),
+                       fmt_rate(m["throughput"]), fmt_rate(m.get("decode_throughput")), versus])
+    t.notes.append(f"{ours_label(summary)}, {s.get('max_new_tokens')} new tokens per turn. End to end: per "
+                   "question, new tokens / wall time (prefill included), over the baseline's; decode-only: new tokens "
+                   "after the first / time after the prefill, over the baseline's; both averaged over questions "
+                   "(Spec-Bench). vs stronger PLD: end-to-end speedup over that of the faster prompt lookup (pld: "
+                   "ours, pld_hf: transformers') on the same questions; above 1.00x beats prompt lookup.")
+    t.notes += subset_notes(summary)
     return t
 
 
@@ -141,12 +195,13 @@ def category_table(summary: dict) -> Table:
     cats = [c for c in CATEGORIES if any(c in m.get("per_category", {}) for m in summary["methods"].values())]
     t = Table("category", "Speedup per MT-Bench category (ours)", ["Method", "Measured on", *cats, "overall"])
     for name, m in summary["methods"].items():
-        if m["kind"] not in ("heads", "pld"):
+        if m["kind"] not in ("heads", *PLD_KINDS):
             continue
         per = m.get("per_category", {})
         t.rows.append([name, ours_label(summary), *[fmt_speedup(per.get(c, {}).get("speedup")) for c in cats],
                        fmt_speedup(m["speedup"])])
     t.notes.append("The papers publish no per-category speedups for these methods; only ours are shown.")
+    t.notes += subset_notes(summary)
     return t
 
 
@@ -225,11 +280,13 @@ def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None
                        "-" if pred is None else f"{pred:.2f}x", verdict])
     t.notes.append(f"{ours_label(summary)}; the trees were calibrated for this model on this machine "
                    "(results/calibrate/<heads>/optimal_tree.json).")
+    t.notes += subset_notes(summary)
     return t
 
 
 def build_tables(summary: dict, calibrations: dict[str, dict] | None = None) -> dict[str, Table]:
-    tables = {"medusa": medusa_table(summary), "hydra": hydra_table(summary), "category": category_table(summary)}
+    tables = {"medusa": medusa_table(summary), "hydra": hydra_table(summary), "speed": speed_table(summary),
+              "category": category_table(summary)}
     choice = tree_choice_table(summary, calibrations)
     if choice is not None:
         tables["tree_choice"] = choice

@@ -1,15 +1,18 @@
 """MT-Bench speed benchmark, framework-free parts: questions, prompts, per-turn records, Spec-Bench
-metrics, the losslessness comparison and the prompt-lookup peer. `pipelines/evaluate.py` drives it.
+metrics, the losslessness comparison and transformers' prompt lookup as a reference. `pipelines/evaluate.py`
+drives it.
 
     questions = load_questions("artifacts/raw/mt_bench_question.jsonl", num_questions=16)
     ids = chat_input_ids(tok, ["Hi!"], [])                       # turn 1 prompt (chat template)
-    rec = TurnRecord.from_generation(q, turn=1, method="pld", run=0, result=prompt_lookup_generate(...))
-    summary = summarize_method(runs_of_method, runs_of_baseline)  # speedup, accept length, per category
+    rec = TurnRecord.from_generation(q, turn=1, method="pld_hf", run=0, result=prompt_lookup_generate(...))
+    summary = summarize_method(runs_of_method, runs_of_baseline)  # speedups, accept length, per category
 
 Metrics follow Spec-Bench (REFERENCE.md section 4): per-question throughput = new tokens of all its
 turns / their wall time; speedup = mean per-question throughput of a method / the baseline's in the
-same run; mean accepted tokens = mean over decoding steps of tokens emitted per step (baseline 1);
-mean and (population) std over runs.
+same run, over the questions both ran; mean accepted tokens = mean over decoding steps of tokens
+emitted per step (baseline 1); mean and (population) std over runs. Beside it, the decode-only
+speedup: the same ratio with the prefill taken out, i.e. per question the new tokens after the first
+/ the time after the prefill (about the same for every method, it dilutes the decoding's share).
 """
 from __future__ import annotations
 
@@ -90,6 +93,16 @@ def category_temperature(category: str, mode: str, temperatures: dict) -> float:
     return float(temperatures[category])
 
 
+def spread(items: list, n: int | None) -> list:
+    """n of the items, evenly spaced over the list (all of them when n is None or >= len(items)): on the
+    question list, sorted by id and so by category, a subset that keeps the categories apart."""
+    if n is None or n >= len(items):
+        return list(items)
+    if n < 1:
+        raise ValueError(f"a subset needs n >= 1 (or null for all), got {n}")
+    return [items[i * len(items) // n] for i in range(n)]
+
+
 def rotated(items: list, shift: int) -> list:
     """items rotated left by shift: question i runs the methods starting at i mod n, so drift cancels."""
     if not items:
@@ -111,17 +124,24 @@ class TurnRecord:
     wall_time: float               # seconds for the whole turn (prefill included)
     steps: int                     # decoding steps (base-model forward passes after the prefill)
     accept_lengths: list[int]      # tokens emitted by every step
+    prefill_time: float = 0.0      # seconds of wall_time until the first new token (the prompt's forward)
     tokens: list[int] = field(default_factory=list, repr=False)   # kept in memory for the lossless check
+
+    @property
+    def decode_time(self) -> float:
+        """Seconds after the prefill, in which the new tokens after the first were decoded."""
+        return self.wall_time - self.prefill_time
 
     @classmethod
     def from_generation(cls, question: Question, turn: int, method: str, run: int, temperature: float, result):
-        """From any object with new_tokens (list), wall_time, steps and accept_lengths (GenerationResult)."""
+        """From any object with new_tokens (list), wall_time, prefill_time, steps and accept_lengths
+        (GenerationResult, PeerResult)."""
         return cls(question.question_id, question.category, turn, method, run, temperature,
                    len(result.new_tokens), float(result.wall_time), int(result.steps),
-                   [int(a) for a in result.accept_lengths], list(result.new_tokens))
+                   [int(a) for a in result.accept_lengths], float(result.prefill_time), list(result.new_tokens))
 
     def as_dict(self, with_tokens: bool = False) -> dict:
-        d = asdict(self)
+        d = {**asdict(self), "decode_time": self.decode_time}
         if not with_tokens:
             d.pop("tokens")
         return d
@@ -137,17 +157,21 @@ def mean_std(values: list[float]) -> dict:
     return {"mean": m, "std": (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5, "runs": vals}
 
 
-def question_throughputs(records: list[TurnRecord]) -> dict[int, float]:
-    """Per question: new tokens of all its turns / their total wall time (tokens per second)."""
+def question_throughputs(records: list[TurnRecord], decode_only: bool = False) -> dict[int, float]:
+    """Per question: new tokens of all its turns / their total wall time (tokens per second).
+
+    decode_only: new tokens after each turn's first / the time after each turn's prefill; a question
+    that decoded nothing after its first tokens (answers of one token) has no decode throughput."""
     tokens, times = Counter(), Counter()
     for r in records:
-        tokens[r.question_id] += r.new_tokens
-        times[r.question_id] += r.wall_time
-    return {q: tokens[q] / times[q] for q in tokens if times[q] > 0}
+        tokens[r.question_id] += r.new_tokens - 1 if decode_only else r.new_tokens
+        times[r.question_id] += r.decode_time if decode_only else r.wall_time
+    return {q: tokens[q] / times[q] for q in tokens if times[q] > 0 and tokens[q] > 0}
 
 
-def mean_throughput(records: list[TurnRecord], questions: set[int] | None = None) -> float | None:
-    tp = question_throughputs(records)
+def mean_throughput(records: list[TurnRecord], questions: set[int] | None = None,
+                    decode_only: bool = False) -> float | None:
+    tp = question_throughputs(records, decode_only)
     vals = [v for q, v in tp.items() if questions is None or q in questions]
     return sum(vals) / len(vals) if vals else None
 
@@ -159,13 +183,26 @@ def mean_accept_length(records: list[TurnRecord]) -> float | None:
 
 
 def speedup(method_records: list[TurnRecord], baseline_records: list[TurnRecord],
-            questions: set[int] | None = None) -> float | None:
-    """Mean per-question throughput of the method / that of the baseline, over the questions both ran."""
-    shared = set(question_throughputs(method_records)) & set(question_throughputs(baseline_records))
+            questions: set[int] | None = None, decode_only: bool = False) -> float | None:
+    """Mean per-question throughput of the method / that of the baseline, over the questions both ran
+    (decode_only: both throughputs without the prefill, see question_throughputs)."""
+    shared = set(question_throughputs(method_records, decode_only))
+    shared &= set(question_throughputs(baseline_records, decode_only))
     if questions is not None:
         shared &= questions
-    m, b = mean_throughput(method_records, shared), mean_throughput(baseline_records, shared)
+    m = mean_throughput(method_records, shared, decode_only)
+    b = mean_throughput(baseline_records, shared, decode_only)
     return m / b if m is not None and b else None
+
+
+def speedup_on_questions_of(runs: list[list[TurnRecord]], baseline_runs: list[list[TurnRecord]],
+                            like_runs: list[list[TurnRecord]]) -> float | None:
+    """Mean over runs of the speedup of `runs` on the questions like_runs[i] ran: another method's speedup,
+    e.g. prompt lookup's, on the subset of the questions a method ran on (profile.eval.tree_questions)."""
+    values = [speedup(recs, base, questions={r.question_id for r in like})
+              for recs, base, like in zip(runs, baseline_runs, like_runs)]
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def summarize_method(runs: list[list[TurnRecord]], baseline_runs: list[list[TurnRecord]]) -> dict:
@@ -175,15 +212,15 @@ def summarize_method(runs: list[list[TurnRecord]], baseline_runs: list[list[Turn
     categories = sorted({r.category for run in runs for r in run}, key=_category_order)
 
     def block(run_filter):
-        sp, tp, al = [], [], []
+        values = {"speedup": [], "decode_speedup": [], "throughput": [], "decode_throughput": [], "accept_length": []}
         for recs, base in zip(runs, baseline_runs):
             recs, base = run_filter(recs), run_filter(base)
-            sp.append(speedup(recs, base))
-            tp.append(mean_throughput(recs))
-            al.append(mean_accept_length(recs))
-        return {"speedup": mean_std([v for v in sp if v is not None]),
-                "throughput": mean_std([v for v in tp if v is not None]),
-                "accept_length": mean_std([v for v in al if v is not None])}
+            values["speedup"].append(speedup(recs, base))
+            values["decode_speedup"].append(speedup(recs, base, decode_only=True))
+            values["throughput"].append(mean_throughput(recs))
+            values["decode_throughput"].append(mean_throughput(recs, decode_only=True))
+            values["accept_length"].append(mean_accept_length(recs))
+        return {k: mean_std([v for v in vals if v is not None]) for k, vals in values.items()}
 
     out = block(lambda recs: recs)
     out["per_category"] = {c: block(lambda recs, c=c: [r for r in recs if r.category == c]) for c in categories}
@@ -192,8 +229,10 @@ def summarize_method(runs: list[list[TurnRecord]], baseline_runs: list[list[Turn
         a for r in all_recs for a in r.accept_lengths).items())}
     out["new_tokens"] = sum(r.new_tokens for r in all_recs)
     out["wall_time"] = sum(r.wall_time for r in all_recs)
+    out["prefill_time"] = sum(r.prefill_time for r in all_recs)
     out["steps"] = sum(r.steps for r in all_recs)
     out["turns"] = len(all_recs)
+    out["questions"] = len({r.question_id for r in all_recs})
     return out
 
 
@@ -222,28 +261,35 @@ def greedy_margin(model, prompt_ids: list[int], reference: list[int], position: 
     return float(logits[reference[position]] - logits[other_token])
 
 
-# -- prompt lookup decoding (transformers) as a peer -------------------------------------------
+# -- prompt lookup decoding in transformers' generate, the reference ----------------------------
 @dataclass
 class PeerResult:
     new_tokens: list[int]
     wall_time: float
     steps: int
     accept_lengths: list[int]
+    prefill_time: float = 0.0
 
 
 class ForwardCounter:
-    """Forward pre-hook on the base model: the KV-cache length before every forward call."""
+    """Hooks on the base model: the KV-cache length before every forward call and the time it ended."""
 
     def __init__(self, model):
         self.cache_lengths: list[int] = []
-        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self.end_times: list[float] = []
+        self._handles = [model.register_forward_pre_hook(self._before, with_kwargs=True),
+                         model.register_forward_hook(self._after)]
 
-    def _hook(self, module, args, kwargs):
+    def _before(self, module, args, kwargs):
         cache = kwargs.get("past_key_values")
         self.cache_lengths.append(int(cache.get_seq_length()) if cache is not None else 0)
 
+    def _after(self, module, args, output):
+        self.end_times.append(time.perf_counter())
+
     def remove(self):
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
 
 @torch.no_grad()
@@ -251,7 +297,12 @@ def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num
                            max_ngram: int = 2, temperature: float = 0.0, stop_token_ids=None,
                            pad_token_id: int | None = None) -> PeerResult:
     """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`); steps and tokens per step are
-    read from the forward calls: call j (after the prefill) emits cache_len[j+1] - cache_len[j] tokens."""
+    read from the forward calls: call j (after the prefill) emits cache_len[j+1] - cache_len[j] tokens.
+
+    transformers verifies the first lookup in the prefill call itself (prompt + drafts in one forward):
+    when drafts are accepted there, that call counts as a step of its own too (emitting those drafts;
+    its bonus is the prefill token). prefill_time is the end of that call (drafts it accepted then count
+    as decoded in no time: rare, and in favour of the reference)."""
     stop = list(stop_token_ids or [])
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
@@ -271,8 +322,14 @@ def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num
         if t in stop:
             new = new[:i + 1]
             break
-    # cache_lengths: [0 (prefill), P, P + a_1, ...]; the prefill emits the first token.
+    # cache_lengths: [0 (prefill), P + a_0, P + a_0 + a_1, ...]; the prefill emits the first token and
+    # a_0 (usually 0) accepted drafts; the last new token never enters the cache.
     starts = counter.cache_lengths[1:]
     ends = starts[1:] + [len(input_ids) + len(new) - 1]
     accept = [e - s for s, e in zip(starts, ends)]
-    return PeerResult(new_tokens=new, wall_time=wall, steps=len(accept), accept_lengths=accept)
+    in_prefill = starts[0] - len(input_ids) if starts else 0
+    if in_prefill:
+        accept = [in_prefill, *accept]
+    prefill_time = counter.end_times[0] - start if counter.end_times else wall
+    return PeerResult(new_tokens=new, wall_time=wall, steps=len(accept), accept_lengths=accept,
+                      prefill_time=prefill_time)

@@ -3,20 +3,26 @@
 MT-Bench speed evaluation at batch size 1, every method in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
   <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree
-  pld                      transformers' prompt lookup decoding (a peer; eval.prompt_lookup)
+  pld                      prompt lookup decoding in our decoder (models/prompt_lookup.py): the same
+                           loop and decode step as the heads (eval.prompt_lookup.pld)
+  pld_hf                   prompt lookup decoding in transformers' generate, the reference
+                           (eval.prompt_lookup.pld_hf); a method beats prompt lookup if it beats both
   baseline-<heads>         autoregressive reference of a backbone changed by a LoRA adapter (Medusa-2):
                            only used to check that family's losslessness, not a table entry
 Which heads and trees: eval.methods (conf/eval/mtbench.yaml). `all` (the default run) = every family in
 profile.eval.families x every tree in profile.eval.trees, written to results/eval/all/ and
 reports/metrics/evaluate.json; overriding heads= or tree= selects that one method (plus baseline and
-PLD), written to results/eval/<heads>-<tree>/ and reports/metrics/evaluate_<heads>-<tree>.json.
+the two PLDs), written to results/eval/<heads>-<tree>/ and reports/metrics/evaluate_<heads>-<tree>.json.
 In DVC: stage `evaluate` runs eval.methods=all; `dvc exp run -S heads=hydra_pp -S tree=sparse64` adds
 the stage evaluate_selected@hydra_pp-sparse64 (eval.selected_runs) and leaves `evaluate` as it was.
 
 Protocol (REFERENCE.md section 4): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
 the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
 eval.temperature_mode=category; for each question the methods run back to back, their order rotated
-from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs.
+from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs. Every
+turn records its prefill and decode time: speedups end to end and decode-only (models/benchmark.py).
+In the full run (eval.methods=all) a tree in profile.eval.tree_questions runs on that many of the
+questions only (spread over the categories; its speedups are over those questions, the tables say so).
 Outputs in results/eval/<tag>/: <method>.json (settings, summary, every turn record), summary.json
 (what pipelines.tables reads), lossless_report.json. The stage fails after writing them all when a
 greedy turn of any method differs from its reference, naming question, turn, method and position.
@@ -35,9 +41,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from models.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
-                              load_questions, prompt_lookup_generate, rotated, summarize_method)
+                              load_questions, prompt_lookup_generate, rotated, speedup_on_questions_of, spread,
+                              summarize_method)
 from models.decoding import SamplingConfig, generate
+from models.fast_inference import prepare_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
+from models.prompt_lookup import PromptLookupDrafter
 from models.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
@@ -51,13 +60,14 @@ class LosslessnessError(RuntimeError):
 @dataclass
 class Method:
     name: str
-    kind: str                      # baseline | heads | pld | reference
+    kind: str                      # baseline | heads | pld | pld_hf | reference
     model: object
     heads: object = None
     tree: TreeSpec | None = None
     heads_name: str | None = None
     family: str | None = None
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
+    tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
@@ -114,11 +124,33 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
         for tree_name in sel.trees:
             tree = tree_for(cfg, tree_name, name)
             tree.check_heads(heads.config.num_heads)
-            methods.append(Method(f"{name}-{tree_name or cfg.tree.name}", "heads", base, heads, tree, name,
-                                  heads.config.family, reference))
+            tree_option = tree_name or cfg.tree.name
+            methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
+                                  reference, tree_option))
     if cfg.eval.prompt_lookup.enabled:
-        methods.append(Method("pld", "pld", model, reference="baseline"))
+        methods += [Method("pld", "pld", model, reference="baseline"),
+                    Method("pld_hf", "pld_hf", model, reference="baseline")]
+    # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
+    # too; after the LoRA merges, which change the weights
+    for m in {id(m.model): m.model for m in methods}.values():
+        log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
     return methods
+
+
+def tree_question_limits(cfg: DictConfig) -> dict:
+    """profile.eval.tree_questions as a dict {tree option: number of questions} ({} when unset)."""
+    node = cfg.profile.eval.get("tree_questions")
+    return {} if node is None else OmegaConf.to_container(node)
+
+
+def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[str, set[int]]:
+    """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions."""
+    limits = tree_question_limits(cfg)
+    subsets = {}
+    for m in methods:
+        if m.tree_name in limits and limits[m.tree_name] is not None:
+            subsets[m.name] = {q.question_id for q in spread(questions, int(limits[m.tree_name]))}
+    return subsets
 
 
 # -- 2) running one turn ---------------------------------------------------------------------------
@@ -134,16 +166,23 @@ def sampling_for(cfg: DictConfig, temperature: float, seed: int) -> SamplingConf
 
 def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConfig, temperature: float,
                   seed: int, stop_ids: list[int], max_new: int | None = None):
-    """One answer by one method -> an object with new_tokens, wall_time, steps, accept_lengths."""
+    """One answer by one method -> an object with new_tokens, wall_time, prefill_time, steps, accept_lengths."""
     max_new = int(max_new or cfg.profile.eval.max_new_tokens)
-    if method.kind == "pld":
+    if method.kind == "pld_hf":
         if temperature > 0:
             torch.manual_seed(seed)
-        return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=cfg.eval.prompt_lookup.num_tokens,
-                                      max_ngram=cfg.eval.prompt_lookup.max_ngram, temperature=temperature,
+        hf = cfg.eval.prompt_lookup.pld_hf
+        return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=int(hf.num_tokens),
+                                      max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    drafter = None
+    if method.kind == "pld":
+        ours = cfg.eval.prompt_lookup.pld
+        drafter = PromptLookupDrafter(int(ours.num_tokens), int(ours.max_ngram), int(ours.min_ngram),
+                                      None if ours.tokens_per_ngram is None else int(ours.tokens_per_ngram))
     return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
-                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
+                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
+                    drafter=drafter)
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -154,11 +193,14 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 
 # -- 3) the benchmark loop -------------------------------------------------------------------------
-def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions) -> tuple[dict, dict, dict]:
-    """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts."""
+def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions,
+                  subsets: dict[str, set[int]] | None = None) -> tuple[dict, dict, dict]:
+    """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts.
+    subsets[method name] = the question ids that method runs on (default: all)."""
     ev, stop_ids = cfg.profile.eval, stop_token_ids(methods[0].model, tokenizer)
     turns = int(ev.turns)
     records = {m.name: [[] for _ in range(int(ev.repeats))] for m in methods}
+    subsets = subsets or {}
     prompts, answers = {}, {}
     # warm-up: allocator, kernels and caches settle; short answers do that as well as long ones
     first = chat_input_ids(tokenizer, [questions[0].turns[0]], [])
@@ -169,6 +211,7 @@ def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions) 
     for run in range(int(ev.repeats)):
         for qi, q in enumerate(questions):
             order = rotated(methods, qi + run) if cfg.eval.rotate_order else methods
+            order = [m for m in order if m.name not in subsets or q.question_id in subsets[m.name]]
             history: list[str] = []
             temperature = category_temperature(q.category, cfg.eval.temperature_mode,
                                                 OmegaConf.to_container(cfg.eval.category_temperatures))
@@ -262,11 +305,17 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
     settings = {"num_questions": len(answers), "turns": int(ev.turns), "max_new_tokens": int(ev.max_new_tokens),
                 "repeats": int(ev.repeats), "warmup": int(ev.warmup), "temperature_mode": cfg.eval.temperature_mode,
                 "acceptance": cfg.eval.acceptance, "rotate_order": bool(cfg.eval.rotate_order),
-                "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device}
+                "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device,
+                "tree_questions": tree_question_limits(cfg) if sel.mode == "all" else {},
+                "prompt_lookup": OmegaConf.to_container(cfg.eval.prompt_lookup, resolve=True)}
     summary = {"tag": sel.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
                "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
+    plds = [m.name for m in methods if m.kind in ("pld", "pld_hf")]
     for m in methods:
         s = {**m.describe(), **summarize_method(records[m.name], records["baseline"])}
+        if m.kind == "heads":     # the prompt lookups on this method's questions: does it beat the stronger?
+            s["pld_speedups"] = {p: speedup_on_questions_of(records[p], records["baseline"], records[m.name])
+                                 for p in plds}
         summary["methods"][m.name] = s
         body = {"method": m.name, "model": model_name, "hardware": summary["hardware"], "settings": settings,
                 "summary": s, "runs": [[r.as_dict() for r in run] for run in records[m.name]]}
@@ -275,13 +324,30 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = {"tag": sel.tag, "lossless": lossless["passed"],
-               "baseline_tokens_per_s": summary["methods"]["baseline"]["throughput"]["mean"],
-               "methods": {n: {"speedup": s["speedup"]["mean"], "speedup_std": s["speedup"]["std"],
-                               "accept_length": s["accept_length"]["mean"], "tokens_per_s": s["throughput"]["mean"]}
-                           for n, s in summary["methods"].items() if n != "baseline"}}
-    write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
+    write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics_of(summary, lossless))
     return summary
+
+
+def metrics_of(summary: dict, lossless: dict) -> dict:
+    """reports/metrics/evaluate*.json: per method both speedups, and the stronger prompt lookup (pld or
+    pld_hf, by end-to-end speedup) that "beats prompt lookup" is judged against."""
+    base = summary["methods"]["baseline"]
+    methods = {n: {"speedup": s["speedup"]["mean"], "speedup_std": s["speedup"]["std"],
+                   "decode_speedup": s["decode_speedup"]["mean"], "decode_speedup_std": s["decode_speedup"]["std"],
+                   "accept_length": s["accept_length"]["mean"], "tokens_per_s": s["throughput"]["mean"],
+                   "decode_tokens_per_s": s["decode_throughput"]["mean"], "questions": s["questions"],
+                   **({"pld_speedups": s["pld_speedups"]} if "pld_speedups" in s else {})}
+               for n, s in summary["methods"].items() if n != "baseline"}
+    plds = [n for n, s in summary["methods"].items()
+            if s["kind"] in ("pld", "pld_hf") and s["speedup"]["mean"] is not None]
+    best = max(plds, key=lambda n: summary["methods"][n]["speedup"]["mean"], default=None)
+    return {"tag": summary["tag"], "lossless": lossless["passed"],
+            "num_questions": summary["settings"]["num_questions"],
+            "max_new_tokens": summary["settings"]["max_new_tokens"],
+            "baseline_tokens_per_s": base["throughput"]["mean"],
+            "baseline_decode_tokens_per_s": base["decode_throughput"]["mean"],
+            "strongest_pld": best and {"method": best, **{k: methods[best][k] for k in ("speedup", "decode_speedup")}},
+            "methods": methods}
 
 
 def run_evaluation(cfg: DictConfig) -> dict:
@@ -300,7 +366,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         import mlflow
 
         with torch.inference_mode():
-            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions)
+            # the budget cut (profile.eval.tree_questions) is for the full run; a selected method runs on all
+            subsets = question_subsets(cfg, methods, questions) if sel.mode == "all" else {}
+            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, subsets)
         greedy = cfg.eval.temperature_mode == "greedy"
         lossless = check_lossless(methods, records, prompts, float(cfg.eval.lossless_tie_tolerance)) \
             if cfg.eval.check_lossless else {"passed": True, "checked": False, "failures": [], "ties": []}
@@ -308,18 +376,18 @@ def run_evaluation(cfg: DictConfig) -> dict:
         summary = write_results(cfg, sel, methods, records, answers, lossless, cfg.model.name, device)
         for name, s in summary["methods"].items():
             key = name.replace("+", "p")
-            if s["speedup"]["mean"] is not None:
-                mlflow.log_metric(f"speedup.{key}", s["speedup"]["mean"])
-            if s["accept_length"]["mean"] is not None:
-                mlflow.log_metric(f"accept_length.{key}", s["accept_length"]["mean"])
+            for metric in ("speedup", "decode_speedup", "accept_length"):
+                if s[metric]["mean"] is not None:
+                    mlflow.log_metric(f"{metric}.{key}", s[metric]["mean"])
         mlflow.log_metric("lossless", float(lossless["passed"]))
         out = Path(cfg.paths.results) / "eval" / sel.tag
         mlflow.log_artifact(str(out / "summary.json"))
         mlflow.log_artifact(str(out / "lossless_report.json"))
     for name, s in summary["methods"].items():
         if name != "baseline":
-            log.info("%-22s speedup %.3fx  accepted %.2f tokens/step", name, s["speedup"]["mean"] or float("nan"),
-                     s["accept_length"]["mean"] or float("nan"))
+            log.info("%-22s speedup %.3fx (decode-only %.3fx)  accepted %.2f tokens/step  (%d questions)", name,
+                     s["speedup"]["mean"] or float("nan"), s["decode_speedup"]["mean"] or float("nan"),
+                     s["accept_length"]["mean"] or float("nan"), s["questions"])
     if not lossless["passed"]:
         raise LosslessnessError(failure_message(lossless))
     log.info("lossless: all %s greedy turns equal their reference (%d float ties)",

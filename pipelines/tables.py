@@ -4,10 +4,11 @@ The papers' tables with ours beside the published numbers (shared/REFERENCE.md s
 evaluate summary results/eval/<eval.table_tag>/summary.json (and results/calibrate/*/calibration.json
 when present). Writes to reports/:
 
-  tables.md, tables.tex            Medusa table, Hydra table, speedup per category, tree choice, calibration
-  speedup_per_category.png         bars per category for the methods on eval.plot_tree (+ PLD)
-  accept_length_histogram.png      tokens emitted per step, per method on eval.plot_tree (+ PLD)
-  speedup_vs_tree_size.png         speedup against the number of tree nodes, per heads
+  tables.md, tables.tex            Medusa table, Hydra table, speedups (end to end, decode-only, against the
+                                   stronger prompt lookup), per category, tree choice, calibration
+  speedup_per_category.png         bars per category for the methods on eval.plot_tree (+ both PLDs)
+  accept_length_histogram.png      tokens emitted per step, per method on eval.plot_tree (+ both PLDs)
+  speedup_vs_tree_size.png         speedup (end to end and decode-only) against tree nodes, per heads; PLDs as lines
   calibration.png                  predicted (calibrate) vs measured (evaluate) accepted length
   speedup.csv                      one row per method: the data behind `dvc plots show`
 """
@@ -22,7 +23,7 @@ from analysis import plots
 from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
 
-TABLE_ORDER = ("medusa", "hydra", "category", "tree_choice", "calibration")
+TABLE_ORDER = ("medusa", "hydra", "speed", "category", "tree_choice", "calibration")
 
 
 def settings_line(summary: dict) -> str:
@@ -35,13 +36,16 @@ def settings_line(summary: dict) -> str:
 def write_csv(summary: dict, path: Path) -> Path:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "heads", "tree", "tree_nodes", "speedup", "speedup_std", "accept_length", "throughput"])
+        w.writerow(["method", "heads", "tree", "tree_nodes", "speedup", "speedup_std", "decode_speedup",
+                    "decode_speedup_std", "accept_length", "throughput", "questions"])
         for name, m in summary["methods"].items():
             if m["kind"] == "reference":
                 continue
+            decode = m.get("decode_speedup") or {}
             w.writerow([name, m.get("heads") or "", m.get("tree") or "", m.get("tree_nodes") or 0,
-                        _r(m["speedup"]["mean"]), _r(m["speedup"]["std"]), _r(m["accept_length"]["mean"]),
-                        _r(m["throughput"]["mean"])])
+                        _r(m["speedup"]["mean"]), _r(m["speedup"]["std"]), _r(decode.get("mean")),
+                        _r(decode.get("std")), _r(m["accept_length"]["mean"]), _r(m["throughput"]["mean"]),
+                        m.get("questions") or ""])
     return path
 
 

@@ -3,6 +3,8 @@
 Heads: (a) random (almost nothing accepted) and (b) oracles that propose the baseline's own
 continuation (nearly everything accepted); tiny llama / mistral / qwen2 models; chain4, dense
 and sparse64 trees; stop rules inside an accepted run; the context limit; the KV pruning.
+Prompt lookup (models/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
+equality through the same decode step, its stop rules, lossless sampling with deterministic drafts.
 """
 import pytest
 import torch
@@ -11,10 +13,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from models.base import build_tiny_model
-from models.decoding import SamplingConfig, generate, verify_tree
+from models.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
 from models.drafting import Drafter
 from models.heads import HeadsConfig, build_heads
-from models.kv_cache import keep_accepted, new_cache
+from models.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
+from models.prompt_lookup import NgramIndex, PromptLookupDrafter
 from models.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
@@ -251,3 +254,185 @@ def test_generate_cli(tmp_path):
         assert "mean accepted length" in proc.stdout
         record = json.loads(out.read_text())
         assert len(record["new_tokens"]) == 12 and record["tree"] == (None if heads == "none" else "chain4")
+
+
+# -- prompt lookup through the same decode step ------------------------------------------------------
+def lookup_reference(tokens, num_tokens, max_ngram, min_ngram=1):
+    """Brute force: the most recent earlier occurrence of the longest suffix n-gram, copied on (overlapping)."""
+    L = len(tokens)
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        for i in range(L - n - 1, -1, -1):
+            if tokens[i:i + n] == tokens[L - n:]:
+                seq = list(tokens)
+                for j in range(num_tokens):
+                    seq.append(seq[i + n + j])
+                return seq[L:]
+    return []
+
+
+def test_ngram_index_on_hand_made_sequences():
+    def lookup(tokens, num_tokens=4, max_ngram=3, min_ngram=1):
+        index = NgramIndex(max_ngram)
+        index.extend(tokens)
+        return index.continuation(num_tokens, min_ngram)
+
+    assert lookup([5, 6, 7, 5, 6]) == [7, 5, 6, 7]               # "5 6" at 0: then 7 5 6, copied on with period 3
+    assert lookup([1, 2, 9, 1, 2, 8, 1, 2]) == [8, 1, 2, 8]      # the most recent "1 2" wins
+    ctx = [3, 4, 1, 7, 2, 4, 1, 9, 3, 4, 1]
+    assert lookup(ctx) == [7, 2, 4, 1]                           # longest first: "3 4 1" beats the later "4 1"
+    assert lookup(ctx, max_ngram=2) == [9, 3, 4, 1]              # only up to 2-grams: the most recent "4 1"
+    assert lookup([7, 7, 7], num_tokens=3) == [7, 7, 7]          # overlapping copy of a repeated token
+    assert lookup([1, 2, 3, 4, 3]) == [4, 3, 4, 3] and lookup([1, 2, 3, 4, 3], min_ngram=2) == []
+    assert lookup([1, 2, 3]) == [] and lookup([4]) == []         # the suffix itself is no match
+    assert lookup([5, 6, 7, 5, 6], num_tokens=1) == [7]
+
+
+def test_ngram_index_grows_like_the_brute_force_lookup():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        seq = torch.randint(0, 4, (60,), generator=g).tolist()   # small alphabet: many matches of every length
+        index = NgramIndex(max_ngram=3)
+        index.extend(seq[:5])
+        for t in range(5, 60):
+            index.extend([seq[t]])
+            for min_ngram in (1, 2, 3):
+                assert index.continuation(5, min_ngram) == lookup_reference(seq[:t + 1], 5, 3, min_ngram), (trial, t)
+
+
+def test_prompt_lookup_drafter_chain_lengths():
+    """The chain: up to num_tokens, tokens_per_ngram * n for an n-gram match, max_depth; none without a match."""
+    def chain(prompt, root, max_depth=10, **settings):
+        drafter = PromptLookupDrafter(**settings)
+        drafter.start(torch.tensor(prompt), torch.zeros(len(prompt), 4))
+        buf, tokens, draft_q = drafter.draft(root, max_depth)
+        assert draft_q is None and buf.num_tokens == tokens.numel() and int(tokens[0]) == root
+        assert buf.spec.paths == tuple((0,) * d for d in range(1, buf.num_tokens))     # a chain below the root
+        return tokens[1:].tolist()
+
+    three = [5, 1, 2, 3, 4, 6, 7, 8, 9, 10, 1, 2]                       # root 3 completes the 3-gram "1 2 3"
+    assert chain(three, 3, num_tokens=8) == [4, 6, 7, 8, 9, 10, 1, 2]
+    assert chain(three, 3, num_tokens=8, tokens_per_ngram=2) == [4, 6, 7, 8, 9, 10]   # 2 x 3
+    assert chain(three, 3, num_tokens=4, tokens_per_ngram=2) == [4, 6, 7, 8]
+    assert chain(three, 3, max_depth=2, num_tokens=8) == [4, 6] and chain(three, 3, max_depth=0) == []
+    assert chain([5, 7, 8, 9, 6], 7, num_tokens=8, tokens_per_ngram=2) == [8, 9]        # a 1-gram match: 2 x 1
+    assert chain([5, 7, 8, 9, 6], 7, num_tokens=8, min_ngram=2) == []
+    assert chain([5, 7, 8, 9, 6], 42) == []                                            # no match: a plain step
+
+    drafter = PromptLookupDrafter(num_tokens=3, max_ngram=2)             # the accepted path joins the context
+    drafter.start(torch.tensor([1, 2, 3]), torch.zeros(3, 4))
+    drafter.draft(9, 3)
+    drafter.advance(torch.zeros(2, 4), [9, 8], position=3)
+    assert drafter.index.tokens == [1, 2, 3, 9, 8]
+
+
+def test_prompt_lookup_drafter_validates_its_settings():
+    with pytest.raises(ValueError, match="num_tokens >= 1"):
+        PromptLookupDrafter(num_tokens=0)
+    with pytest.raises(ValueError, match="min_ngram=3, max_ngram=2"):
+        PromptLookupDrafter(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="tokens_per_ngram=0"):
+        PromptLookupDrafter(tokens_per_ngram=0)
+
+
+def cyclic_prompt(model, tok, text="x" * 200, known=40):
+    """A chat prompt followed by the model's own first `known` greedy tokens: its greedy continuation is the
+    rest of the same answer, which for these random models soon repeats, so lookups match."""
+    ids = prompt_ids(tok, text)
+    return ids + generate(model, tok, ids, max_new_tokens=known, stop_token_ids=[]).new_tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_prompt_lookup_greedy_equals_baseline(arch):
+    model, tok = build_tiny_model(arch=arch, seed=3)
+    prompts = [prompt_ids(tok), prompt_ids(tok, "abc abc abc abc abc abc"), prompt_ids(tok, "x" * 200),
+               cyclic_prompt(model, tok)]
+    assert len(prompts[2]) < MIN_CAPACITY < len(prompts[2]) + 100     # the KV cache grows while decoding
+    drafted = 0
+    for ids in prompts:
+        base = generate(model, tok, ids, max_new_tokens=100, stop_token_ids=[])
+        for drafter in (PromptLookupDrafter(num_tokens=4, max_ngram=3), PromptLookupDrafter(num_tokens=10, max_ngram=1),
+                        PromptLookupDrafter(num_tokens=8, max_ngram=3, tokens_per_ngram=3)):
+            res = generate(model, tok, ids, drafter=drafter, max_new_tokens=100, stop_token_ids=[])
+            assert res.new_tokens == base.new_tokens and res.text == base.text
+            assert len(res.new_tokens) == 1 + sum(res.accept_lengths) and res.steps == len(res.accept_lengths)
+            assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps     # drafts = all but prefill + bonuses
+            drafted += sum(res.from_draft)
+            assert max(res.accept_lengths) <= drafter.num_tokens + 1
+            if ids is prompts[-1]:                                     # a repeating answer: fewer steps
+                assert res.steps < base.steps
+    assert drafted > 20
+
+
+def test_prompt_lookup_stop_rules():
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = cyclic_prompt(model, tok, known=4)
+    base = generate(model, tok, ids, max_new_tokens=60, stop_token_ids=[])
+    free = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[])
+    seq = free.new_tokens
+    # a token first emitted as an accepted draft (copied from the prompt): a stop token inside an accepted run
+    first_drafted = [i for i, t in enumerate(seq) if free.from_draft[i] and t not in seq[:i]]
+    assert first_drafted, "this setup no longer drafts a new token from the prompt"
+    stop = seq[first_drafted[0]]
+    ref = generate(model, tok, ids, max_new_tokens=60, stop_token_ids=[stop])
+    res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[stop])
+    assert res.new_tokens == ref.new_tokens == seq[:first_drafted[0] + 1] and res.stop_reason == "eos"
+    assert res.from_draft[-1]
+    for n in (1, 2, 7, 13):                                        # the token limit cuts the chains
+        res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=n, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens[:n] and res.stop_reason == "max_new_tokens"
+
+
+def test_prompt_lookup_near_context_limit():
+    model, tok = build_tiny_model(arch="qwen2", max_position_embeddings=64, seed=5)
+    ids = prompt_ids(tok, "x" * 38)                                # 59 tokens: room for 5 positions
+    base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
+    res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=40, stop_token_ids=[])
+    assert res.new_tokens == base.new_tokens and res.stop_reason == base.stop_reason == "context_limit"
+
+
+def test_prompt_lookup_sampling_is_lossless():
+    """Deterministic drafts (q = a point mass) under lossless speculative sampling: the first three tokens
+    follow the model's own top-k distribution (computed exactly), while many drafts are accepted."""
+    from collections import Counter
+
+    from scipy.stats import chisquare
+
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids, T, K, n = cyclic_prompt(model, tok), 0.7, 3, 300
+    with torch.inference_mode():
+        def top(prefix):                                           # [(token, p)] under top-k and temperature
+            vals, idx = torch.topk(model(torch.tensor([prefix])).logits[0, -1], K)
+            return list(zip(idx.tolist(), (vals / T).softmax(-1).tolist()))
+        expected = {(a, b, c): pa * pb * pc for a, pa in top(ids) for b, pb in top(ids + [a])
+                    for c, pc in top(ids + [a, b])}
+    counts, drafted = Counter(), 0
+    for seed in range(n):
+        sampling = SamplingConfig(temperature=T, top_k=K, acceptance="sampling", seed=seed)
+        res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), sampling=sampling, max_new_tokens=3,
+                       stop_token_ids=[])
+        counts[tuple(res.new_tokens)] += 1
+        drafted += sum(res.from_draft)
+    assert drafted > 0.3 * n
+    big = [k for k, p in expected.items() if p * n >= 5]
+    obs = [counts[k] for k in big] + [n - sum(counts[k] for k in big)]
+    exp = [expected[k] * n for k in big] + [n * (1 - sum(expected[k] for k in big))]
+    assert chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue > 0.01
+
+
+def test_decode_step_drives_a_loop_by_hand():
+    """prefill + decode_step: the same tokens and cache length as generate (the loop other callers time)."""
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = cyclic_prompt(model, tok)
+    want = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=30, stop_token_ids=[])
+    drafter = PromptLookupDrafter(4, 3)
+    with torch.inference_mode():
+        state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
+        got, lengths = [state.root], []
+        while len(got) < 30:
+            tokens, drafted = decode_step(state, drafter, max_depth=30 - len(got) - 1)
+            assert tokens[-1] == state.root and len(tokens) == drafted + 1
+            got += tokens
+            lengths.append(len(tokens))
+            assert state.cache.get_seq_length() == state.past == len(ids) + len(got) - 1
+    assert got == want.new_tokens and lengths == want.accept_lengths
+    assert set(state.timings) == {"draft", "verify", "accept", "commit"} and state.timings["verify"] > 0

@@ -9,14 +9,16 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from models.base import build_tiny_model
+from models.decoding import generate
 from models.benchmark import (Question, TurnRecord, chat_input_ids, first_difference, load_questions,
-                              prompt_lookup_generate, rotated, speedup, summarize_method)
+                              prompt_lookup_generate, rotated, speedup, speedup_on_questions_of, spread,
+                              summarize_method)
 from models.heads import HeadsConfig, build_heads
 from pipelines.common import CONF_DIR
 
 
-def rec(qid, cat, turn, tokens, time, accept, method="m"):
-    return TurnRecord(qid, cat, turn, method, 0, 0.0, tokens, time, len(accept), accept)
+def rec(qid, cat, turn, tokens, time, accept, method="m", prefill=0.0):
+    return TurnRecord(qid, cat, turn, method, 0, 0.0, tokens, time, len(accept), accept, prefill)
 
 
 def test_load_questions_balances_categories(tmp_path):
@@ -43,6 +45,37 @@ def test_speedup_is_mean_question_throughput_ratio():
     assert list(s["per_category"]) == ["writing", "math"]            # MT-Bench's category order
 
 
+def test_decode_only_speedup_takes_the_prefill_out():
+    # question 1: baseline 33 tokens in 0.5 s prefill + 2 s decode (16 tok/s decoding), method 0.5 + 1 s (32 tok/s)
+    # question 2: baseline 65 tokens in 1 + 8 s (8 tok/s), method 1 + 2 s (32 tok/s)
+    base = [rec(1, "math", 1, 33, 2.5, [1] * 32, prefill=0.5), rec(2, "writing", 1, 65, 9.0, [1] * 64, prefill=1.0)]
+    meth = [rec(1, "math", 1, 33, 1.5, [4] * 8, prefill=0.5), rec(2, "writing", 1, 65, 3.0, [4] * 16, prefill=1.0)]
+    assert speedup(meth, base, decode_only=True) == pytest.approx(32.0 / 12.0)      # mean(32, 32) / mean(16, 8)
+    assert speedup(meth, base) == pytest.approx((33 / 1.5 + 65 / 3.0) / (33 / 2.5 + 65 / 9.0))
+    assert speedup(meth, base, decode_only=True) > speedup(meth, base)          # the shared prefill dilutes it
+    s = summarize_method([meth], [base])
+    assert s["decode_speedup"]["mean"] == pytest.approx(32.0 / 12.0) and s["questions"] == 2
+    assert s["decode_throughput"]["mean"] == pytest.approx(32.0) and s["prefill_time"] == pytest.approx(1.5)
+    assert s["per_category"]["writing"]["decode_speedup"]["mean"] == pytest.approx(4.0)
+    # a one-token answer has nothing to decode: that question drops out of the decode-only mean only
+    one = [rec(3, "stem", 1, 1, 0.3, [], prefill=0.3)]
+    assert speedup(meth + one, base + one, decode_only=True) == pytest.approx(32.0 / 12.0)
+    assert speedup(meth + one, base + one) != pytest.approx(speedup(meth, base))
+    assert TurnRecord.as_dict(meth[0])["decode_time"] == pytest.approx(1.0)
+
+
+def test_subsets_spread_over_the_list_and_are_compared_on_their_questions():
+    assert spread(list(range(8)), 4) == [0, 2, 4, 6] and spread(list(range(16)), 4) == [0, 4, 8, 12]
+    assert spread([1, 2, 3], None) == [1, 2, 3] and spread([1, 2, 3], 5) == [1, 2, 3]
+    with pytest.raises(ValueError, match="n >= 1"):
+        spread([1, 2], 0)
+    base = [rec(1, "math", 1, 10, 1.0, [1] * 9), rec(2, "writing", 1, 10, 1.0, [1] * 9)]
+    pld = [rec(1, "math", 1, 10, 0.5, [2] * 4), rec(2, "writing", 1, 10, 2.0, [1] * 9)]
+    subset_method = [rec(1, "math", 1, 10, 0.8, [1] * 9)]                        # ran on question 1 only
+    assert speedup(pld, base) == pytest.approx(25 / 20)
+    assert speedup_on_questions_of([pld], [base], [subset_method]) == pytest.approx(2.0)
+
+
 def test_first_difference_and_rotation():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -63,6 +96,23 @@ def test_prompt_lookup_counts_steps_and_matches_greedy():
     # the prefill emits the first token; every later forward call emits accept_lengths[j] >= 1 tokens
     assert sum(out.accept_lengths) == len(out.new_tokens) - 1 and min(out.accept_lengths) >= 1
     assert out.steps == len(out.accept_lengths)
+    assert 0 < out.prefill_time < out.wall_time                   # the end of the first forward call
+
+
+def test_prompt_lookup_reference_counts_drafts_accepted_in_the_prefill_call():
+    """A prompt ending in the model's own repeating answer: transformers accepts drafts in its very first
+    forward (prompt + lookup); they form a step of their own, and every token is counted once."""
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = chat_input_ids(tok, ["x" * 200], [])
+    with torch.inference_mode():
+        ids += generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[]).new_tokens   # ends in 94 94 94 ...
+        out = prompt_lookup_generate(model, ids, max_new_tokens=24, num_tokens=10, stop_token_ids=[],
+                                     pad_token_id=tok.pad_token_id)
+        ref = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+    assert out.new_tokens == ref.new_tokens
+    assert out.accept_lengths[0] > 1                      # drafts accepted in the prefill call: the case under test
+    assert max(out.accept_lengths) <= 10 + 1              # no step emits more than one lookup's drafts + 1
+    assert sum(out.accept_lengths) == len(out.new_tokens) - 1 and out.steps == len(out.accept_lengths)
 
 
 # -- the stage end to end on a tiny model ---------------------------------------------------------
@@ -72,7 +122,8 @@ QUESTIONS = [{"question_id": 1, "category": "writing", "turns": ["Write a haiku 
 
 @pytest.fixture
 def stage_cfg(tmp_path, monkeypatch):
-    """The real config composed for a tiny model, 2 questions x 2 turns, 2 random-head families x 2 trees."""
+    """The real config composed for a tiny model, 2 questions x 2 turns, 2 random-head families x 2 trees
+    (sparse64 on the first question only)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")     # a throwaway store, fast to create
     qfile = tmp_path / "questions.jsonl"
@@ -90,7 +141,8 @@ def stage_cfg(tmp_path, monkeypatch):
                  f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={qfile}",
                  "profile.eval.num_questions=null", "profile.eval.turns=2", "profile.eval.max_new_tokens=12",
                  "profile.eval.repeats=2", "profile.eval.warmup=1", "profile.eval.trees=[sparse64,chain4]",
-                 "profile.eval.families=[medusa1,hydra]", "eval.num_threads=1"]
+                 "profile.eval.families=[medusa1,hydra]", "profile.eval.tree_questions.sparse64=1",
+                 "eval.num_threads=1"]
     with initialize_config_dir(CONF_DIR, version_base=None):
         return compose(config_name="config", overrides=overrides)
 
@@ -104,38 +156,60 @@ def test_evaluate_end_to_end(stage_cfg, tmp_path):
 
     summary = run_evaluation(stage_cfg)
     out = tmp_path / "results" / "eval" / "all"
-    names = {"baseline", "pld", "medusa1-sparse64", "medusa1-chain4", "hydra-sparse64", "hydra-chain4"}
+    names = {"baseline", "pld", "pld_hf", "medusa1-sparse64", "medusa1-chain4", "hydra-sparse64", "hydra-chain4"}
     assert set(summary["methods"]) == names
     assert {p.stem for p in out.glob("*.json")} == names | {"summary", "lossless_report"}
 
-    # schema: every turn recorded with tokens, time, steps and per-step accept lengths
-    hydra = read(out / "hydra-sparse64.json")
-    assert hydra["summary"]["kind"] == "heads" and hydra["summary"]["tree_nodes"] == 63
+    # schema: every turn recorded with tokens, time (prefill and decode), steps and per-step accept lengths
+    hydra = read(out / "hydra-chain4.json")
+    assert hydra["summary"]["kind"] == "heads" and hydra["summary"]["tree_nodes"] == 4
     assert len(hydra["runs"]) == 2 and len(hydra["runs"][0]) == 4            # 2 questions x 2 turns
-    for r in hydra["runs"][0]:
-        assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["steps"] == len(r["accept_lengths"])
-        assert r["wall_time"] > 0 and r["turn"] in (1, 2)
+    for name in ("hydra-chain4", "pld", "pld_hf"):
+        for r in read(out / f"{name}.json")["runs"][0]:
+            assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["steps"] == len(r["accept_lengths"])
+            assert 0 < r["prefill_time"] < r["wall_time"] and r["turn"] in (1, 2)
+            assert r["decode_time"] == pytest.approx(r["wall_time"] - r["prefill_time"])
     base = read(out / "baseline.json")
     assert set(base["answers"]) == {"1", "2"} and len(base["answers"]["1"]) == 2
     assert all(a == 1 for run in base["runs"] for r in run for a in r["accept_lengths"])
 
-    # speedup: mean per-question throughput over the same run's baseline, mean over the 2 runs
-    def tput(recs):
+    # speedups: mean per-question throughput over the same run's baseline, mean over the 2 runs
+    def tput(recs, decode_only=False, questions=(1, 2)):
         per_q = {}
         for r in recs:
             t, w = per_q.get(r["question_id"], (0, 0.0))
-            per_q[r["question_id"]] = (t + r["new_tokens"], w + r["wall_time"])
-        return sum(t / w for t, w in per_q.values()) / len(per_q)
-    ratios = [tput(m) / tput(b) for m, b in zip(hydra["runs"], base["runs"])]
-    assert summary["methods"]["hydra-sparse64"]["speedup"]["mean"] == pytest.approx(sum(ratios) / 2)
-    assert summary["methods"]["baseline"]["speedup"]["mean"] == pytest.approx(1.0)
+            seconds = r["decode_time"] if decode_only else r["wall_time"]
+            per_q[r["question_id"]] = (t + r["new_tokens"] - decode_only, w + seconds)
+        return sum(t / w for q, (t, w) in per_q.items() if q in questions) / len(questions)
+    for decode_only, key in ((False, "speedup"), (True, "decode_speedup")):
+        ratios = [tput(m, decode_only) / tput(b, decode_only) for m, b in zip(hydra["runs"], base["runs"])]
+        assert summary["methods"]["hydra-chain4"][key]["mean"] == pytest.approx(sum(ratios) / 2)
+        assert summary["methods"]["baseline"][key]["mean"] == pytest.approx(1.0)
     assert set(summary["methods"]["pld"]["per_category"]) == {"writing", "math"}
+
+    # sparse64 ran on question 1 only (profile.eval.tree_questions): its speedup and the PLDs' beside it too
+    sparse = read(out / "hydra-sparse64.json")
+    assert [{r["question_id"] for r in run} for run in sparse["runs"]] == [{1}, {1}] and len(sparse["runs"][0]) == 2
+    s = summary["methods"]["hydra-sparse64"]
+    assert s["questions"] == 1 and summary["methods"]["hydra-chain4"]["questions"] == 2
+    ratios = [tput(m, questions=(1,)) / tput(b, questions=(1,)) for m, b in zip(sparse["runs"], base["runs"])]
+    assert s["speedup"]["mean"] == pytest.approx(sum(ratios) / 2)
+    pld_runs = read(out / "pld.json")["runs"]
+    ratios = [tput(m, questions=(1,)) / tput(b, questions=(1,)) for m, b in zip(pld_runs, base["runs"])]
+    assert s["pld_speedups"]["pld"] == pytest.approx(sum(ratios) / 2) and set(s["pld_speedups"]) == {"pld", "pld_hf"}
+    assert summary["settings"]["tree_questions"] == {"sparse64": 1}
 
     report = read(out / "lossless_report.json")
     assert report["passed"] and not report["failures"]
     assert report["methods"]["hydra-chain4"]["checked_turns"] == 8             # 2 runs x 2 questions x 2 turns
+    assert report["methods"]["hydra-sparse64"]["checked_turns"] == 4           # 2 runs x 1 question x 2 turns
+    assert report["methods"]["pld"]["checked_turns"] == report["methods"]["pld_hf"]["checked_turns"] == 8
     metrics = read(tmp_path / "reports" / "metrics" / "evaluate.json")
     assert metrics["lossless"] and set(metrics["methods"]) == names - {"baseline"}
+    decode = summary["methods"]["hydra-chain4"]["decode_speedup"]["mean"]
+    assert metrics["methods"]["hydra-chain4"]["decode_speedup"] == decode
+    pld = {n: summary["methods"][n]["speedup"]["mean"] for n in ("pld", "pld_hf")}
+    assert metrics["strongest_pld"]["method"] == max(pld, key=pld.get)
 
 
 def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
@@ -147,13 +221,14 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
         cfg = compose(config_name="config", overrides=[
             "heads=hydra", "tree=chain4", "model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}",
             f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={stage_cfg.data.questions_file}",
-            "profile.eval.num_questions=1", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
-            "eval.prompt_lookup.enabled=false"])
+            "profile.eval.num_questions=2", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
+            "profile.eval.turns=1", "+profile.eval.tree_questions.chain4=1", "eval.prompt_lookup.enabled=false"])
     assert cfg.eval.tag == "hydra-chain4" and list(cfg.eval.selected_runs) == ["hydra-chain4"]
     with open_dict(cfg):
         cfg.eval.num_threads = 1
     summary = run_evaluation(cfg)
     assert set(summary["methods"]) == {"baseline", "hydra-chain4"}
+    assert summary["methods"]["hydra-chain4"]["questions"] == 2         # the budget cut is for the full run only
     assert (tmp_path / "results" / "eval" / "hydra-chain4" / "summary.json").is_file()
     assert (tmp_path / "reports" / "metrics" / "evaluate_hydra-chain4.json").is_file()
     assert not (tmp_path / "results" / "eval" / "all").exists()

@@ -15,25 +15,32 @@ def stat(mean, std=0.0, runs=None):
     return {"mean": mean, "std": std, "runs": runs if runs is not None else [mean]}
 
 
-def method(kind, heads=None, tree=None, nodes=None, speedup=1.0, accept=1.0, hist=None):
-    per_cat = {c: {"speedup": stat(speedup * f), "throughput": stat(100.0), "accept_length": stat(accept)}
+def method(kind, heads=None, tree=None, nodes=None, speedup=1.0, accept=1.0, hist=None, questions=2):
+    per_cat = {c: {"speedup": stat(speedup * f), "decode_speedup": stat(1.2 * speedup * f), "throughput": stat(100.0),
+                   "decode_throughput": stat(120.0), "accept_length": stat(accept)}
                for c, f in (("writing", 0.9), ("math", 1.1))}
-    return {"kind": kind, "heads": heads, "family": heads, "tree": tree, "tree_nodes": nodes,
-            "speedup": stat(speedup, 0.05, [speedup - 0.05, speedup + 0.05]), "throughput": stat(100.0 * speedup),
-            "accept_length": stat(accept), "per_category": per_cat,
-            "accept_length_histogram": hist or {"1": 10, "2": 5}, "new_tokens": 100, "wall_time": 1.0,
-            "steps": 60, "turns": 4}
+    out = {"kind": kind, "heads": heads, "family": heads, "tree": tree, "tree_nodes": nodes,
+           "speedup": stat(speedup, 0.05, [speedup - 0.05, speedup + 0.05]), "decode_speedup": stat(1.2 * speedup),
+           "throughput": stat(100.0 * speedup), "decode_throughput": stat(120.0 * speedup),
+           "accept_length": stat(accept), "per_category": per_cat,
+           "accept_length_histogram": hist or {"1": 10, "2": 5}, "new_tokens": 100, "wall_time": 1.0,
+           "steps": 60, "turns": 4, "questions": questions}
+    if kind == "heads":        # the prompt lookups on this method's questions
+        out["pld_speedups"] = {"pld": 1.1, "pld_hf": 1.25 if questions < 2 else 1.0}
+    return out
 
 
 @pytest.fixture
 def summary():
     methods = {"baseline": method("baseline", speedup=1.0, hist={"1": 40}),
-               "pld": method("pld", speedup=1.1, accept=1.2)}
+               "pld": method("pld", speedup=1.1, accept=1.2), "pld_hf": method("pld_hf", speedup=1.0, accept=1.7)}
     for heads, base in (("medusa1", 1.3), ("medusa2", 1.4), ("hydra", 1.5), ("hydra_pp", 1.6)):
         for tree, nodes in (("sparse64", 63), ("chain4", 4)):
-            methods[f"{heads}-{tree}"] = method("heads", heads, tree, nodes, speedup=base + nodes / 1000, accept=base + 0.5)
+            methods[f"{heads}-{tree}"] = method("heads", heads, tree, nodes, speedup=base + nodes / 1000,
+                                                accept=base + 0.5, questions=1 if tree == "sparse64" else 2)
     return {"tag": "all", "model": "SmolLM2-135M-Instruct", "hardware": "2-core CPU (x86_64)", "profile": "cpu",
-            "settings": {"turns": 1, "max_new_tokens": 64, "repeats": 2}, "baseline": "baseline", "methods": methods}
+            "settings": {"num_questions": 2, "turns": 1, "max_new_tokens": 64, "repeats": 2,
+                         "tree_questions": {"sparse64": 1}}, "baseline": "baseline", "methods": methods}
 
 
 def test_published_cells_carry_model_hardware_and_source():
@@ -50,21 +57,46 @@ def test_tables_put_published_and_ours_side_by_side(summary, tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     tables = build_tables(load_summary(path))
-    assert set(tables) == {"medusa", "hydra", "category"}          # no calibration data given
+    assert set(tables) == {"medusa", "hydra", "speed", "category"}          # no calibration data given
 
     md = to_markdown(tables["medusa"])
     assert "| Vicuna-7B | Vicuna-7B, A100 (paper) | 2.18x | 2.83x |" in md
     assert "| SmolLM2-135M-Instruct | SmolLM2-135M-Instruct, 2-core CPU (x86_64) (ours, tree sparse64) | 1.36x ± 0.05 | 1.46x ± 0.05 |" in md
     hydra = to_markdown(tables["hydra"])
     assert "2.70x / 3.70" in hydra and "1.60x / 1.75" in hydra           # Hydra paper and Spec-Bench rows
-    assert "(ours, tree chain4) | 1.30x ± 0.05 / 1.80 | 1.50x ± 0.05 / 2.00 | 1.60x ± 0.05 / 2.10 | 1.10x ± 0.05 / 1.20 |" in hydra
+    assert ("(ours, tree chain4) | 1.30x ± 0.05 / 1.80 | 1.50x ± 0.05 / 2.00 | 1.60x ± 0.05 / 2.10 | 1.10x ± 0.05 / 1.20 "
+            "| 1.00x ± 0.05 / 1.70 |") in hydra                       # both prompt lookups, ours and transformers'
+    assert "| Vicuna-7B | Vicuna-7B, A100 (Spec-Bench) |" in hydra and "| 1.60x / 1.75 | - |" in hydra
     cat = to_markdown(tables["category"])
     assert "| writing | math | overall |" in cat and "| hydra-sparse64 |" in cat and "baseline |" not in cat
+    assert "| pld_hf |" in cat
 
     tex = to_latex(tables["hydra"])
     assert r"\begin{tabular}" in tex and r"Hydra{+}{+}" in tex and r"$\pm$" in tex
     assert "Vicuna-13B & Vicuna-13B, GPU (paper) & 1.97x / 2.60" in tex
     assert latex_escape("hydra_pp 5%") == r"hydra\_pp 5\%"
+
+
+def test_speed_table_shows_both_speedups_against_the_stronger_prompt_lookup(summary):
+    speed = to_markdown(build_tables(summary)["speed"])
+    assert "| Method | Tree nodes | Questions | End to end | Decode-only |" in speed
+    # hydra-chain4: 1.504x end to end, 1.80x decode-only; PLDs on its 2 questions: pld 1.10x > pld_hf 1.00x
+    assert "| hydra-chain4 | 4 | 2 | 1.50x ± 0.05 | 1.80x | 2.00 | 150.4 | 180.5 | 1.37x (pld) |" in speed
+    # hydra-sparse64 ran on 1 question, where transformers' PLD (1.25x) was the stronger one
+    assert "| hydra-sparse64 | 63 | 1 | 1.56x ± 0.05 | 1.88x | 2.00 | 156.3 | 187.6 | 1.25x (pld_hf) |" in speed
+    assert "| baseline | - | 2 | 1.00x ± 0.05 | 1.20x |" in speed and "| pld_hf | - | 2 |" in speed
+
+
+def test_a_tree_on_a_subset_of_questions_gets_a_footnote(summary):
+    tables = build_tables(summary)
+    note = "sparse64: 1 of 2 questions (spread over the categories)"
+    for name in ("medusa", "hydra", "speed", "category"):
+        assert note in to_markdown(tables[name]), name
+    assert "chain4: " not in to_markdown(tables["hydra"])
+    assert note in to_latex(tables["hydra"])
+    for m in summary["methods"].values():
+        m["questions"] = 2
+    assert "of 2 questions" not in to_markdown(build_tables(summary)["hydra"])
 
 
 def test_calibration_rows_pair_predictions_with_replays_and_measurements(summary, tmp_path):
@@ -130,4 +162,5 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     md = (tmp_path / "reports" / "tables.md").read_text()
     assert "Vicuna-7B, A100 (paper)" in md and "(ours, tree sparse64)" in md and "max_new_tokens=64" in md
     csv_lines = (tmp_path / "reports" / "speedup.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("method,heads,tree,tree_nodes,speedup") and len(csv_lines) == 1 + 10
+    assert csv_lines[0].startswith("method,heads,tree,tree_nodes,speedup") and len(csv_lines) == 1 + 11
+    assert "decode_speedup" in csv_lines[0].split(",") and any(line.startswith("pld_hf,") for line in csv_lines)
