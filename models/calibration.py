@@ -19,6 +19,8 @@ g_{t+1..t+d}), the token greedy acceptance wants at depth d is exactly g_{t+d+1}
   own answers were sampled, not greedy); `data` mode uses the data's tokens instead and keeps a
   (position, depth) only where the data follows the greedy path (the same check guards the rare
   float ties between batched generation and the full forward).
+- heads score their draft vocabulary only (DraftHeads.draft_ids), as when they draft: a base token
+  outside it is never in a head's top-k (rank K).
 - R[t, d] = rank of g_{t+d+1} in head d-1's top-k at position t, K when absent, -1 when unknown
   (past the end, or the data left the greedy path). Head d-1 reads the hidden state at t (Hydra++:
   after the prefix layer over the base hidden states) and, for Hydra families, the path tokens
@@ -114,8 +116,8 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             rows = sel[c:c + chunk]
             tt = t[rows]                                            # [n]
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
-            logits = heads.head_logits(d - 1, hidden[tt], path)     # [n, V]
-            top = logits.topk(topk, dim=-1).indices                 # [n, K]
+            logits = heads.draft_logits(d - 1, hidden[tt], path)    # [n, Vd]: the draft vocabulary only
+            top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))
             ranks[rows.cpu(), d - 1] = rank.cpu()

@@ -14,6 +14,9 @@
   holds exactly the accepted sequence and needs no rollback.
 Proposals are the top-k ranks of each head, or (lossless sampling with draft="sample") draws
 without replacement from the warped head distribution, by the exponential-race (Gumbel top-k) trick.
+Heads with a draft vocabulary (DraftHeads.draft_ids, [Vd]) score those tokens only: ranks and draws are
+taken over the Vd logits and mapped back to token ids, and a sampled node's q is the head's distribution
+over the FULL vocabulary (zeros outside the draft vocabulary), as lossless speculative sampling needs.
 """
 from __future__ import annotations
 
@@ -29,15 +32,13 @@ class Drafter:
     def __init__(self, heads, sampling: SamplingConfig, generator: torch.Generator | None = None):
         self.heads, self.sampling, self.generator = heads, sampling, generator
         self.family = heads.config.family
-        # The Linear each head ends in (the frozen base LM head when shared), so that the drafter can
-        # run head k as head_hidden + project (fast for few rows); other head objects: head_logits.
+        # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
+        # shared), so that the drafter can run head k as head_hidden + project (fast for few rows); other
+        # head objects: head_logits over the full vocabulary.
         self.linears = None
-        if isinstance(heads, DraftHeads):
-            base = heads._base.get("lm_head")                       # None until heads.attach(model)
-            if heads.lm_heads is not None:
-                self.linears = list(heads.lm_heads)
-            elif base is not None:
-                self.linears = [base] * heads.config.num_heads
+        self.draft_ids = heads.draft_ids if isinstance(heads, DraftHeads) else None   # [Vd]; None: full vocabulary
+        if isinstance(heads, DraftHeads) and (heads.lm_heads is not None or heads._base):   # attached or own heads
+            self.linears = [heads.output_layer(k) for k in range(heads.config.num_heads)]
         self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
@@ -60,35 +61,46 @@ class Drafter:
 
     # -- proposals -----------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, V] -> (proposals [R, k], warped q [R, V] when proposals are sampled, else None)."""
+        """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None)."""
+        if k > logits.shape[-1]:
+            raise ValueError(f"the tree asks for {k} ranks per node but the heads score only {logits.shape[-1]} "
+                             "tokens (draft_vocab_size): use a tree with fewer ranks or a larger draft vocabulary")
         if not self.sampling.samples_drafts:
-            return torch.topk(logits, k, dim=-1).indices, None
-        q = warp_probs(logits, self.sampling)
-        race = torch.empty_like(q).exponential_(generator=self.generator)
-        return torch.topk(q / race, k, dim=-1).indices, q          # = k draws from q without replacement
+            picks, q = torch.topk(logits, k, dim=-1).indices, None
+        else:
+            q = warp_probs(logits, self.sampling)
+            race = torch.empty_like(q).exponential_(generator=self.generator)
+            picks = torch.topk(q / race, k, dim=-1).indices                    # = k draws from q without replacement
+        return (picks if self.draft_ids is None else self.draft_ids[picks]), q
+
+    def _full_q(self, q: torch.Tensor) -> torch.Tensor:
+        """q [Vd] over the draft vocabulary -> [V] over the full vocabulary, zero outside the draft vocabulary."""
+        if self.draft_ids is None:
+            return q
+        return q.new_zeros(self.heads.config.vocab_size).index_copy_(0, self.draft_ids, q)
 
     def head_logits(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
-        """heads.head_logits(k, hidden [R, h], path [R, k+1]) -> [R, V], with the fast projection."""
+        """Head k's logits over the draft vocabulary: hidden [R, h], path [R, k+1] -> [R, Vd], with the fast projection."""
         if self.linears is None:
             return self.heads.head_logits(k, hidden, path)
         return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
 
-    def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, V]
-        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, V] product
+    def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, Vd]
+        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, Vd] product
             x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
             return project(self.linears[0], x)
         return torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
 
     def draft(self, root: int, buf):
-        """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q of its children (or None)."""
+        """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q [V] of its children (or None)."""
         tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=self.h.device)
         tokens[0] = root
         if not buf.levels:
             return tokens, None
-        q_of: dict[int, torch.Tensor] = {}
+        q_of: dict[int, torch.Tensor] = {}                                         # parent -> q [Vd]
         if self.family == "medusa":
             K = max(level.num_ranks for level in buf.levels)
-            picks, q = self._pick(self._medusa_logits(len(buf.levels)), K)     # [D, K], [D, V]
+            picks, q = self._pick(self._medusa_logits(len(buf.levels)), K)     # [D, K], [D, Vd]
             for d, level in enumerate(buf.levels):
                 tokens[level.nodes] = picks[d, level.ranks]                       # same proposals for every parent
                 if q is not None:
@@ -97,9 +109,9 @@ class Drafter:
             for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
                 P = level.parents.numel()
                 path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
-                logits = self.head_logits(d, self.h.expand(P, -1), path)           # [P, V]
+                logits = self.head_logits(d, self.h.expand(P, -1), path)           # [P, Vd]
                 picks, q = self._pick(logits, level.num_ranks)                     # [P, R]
                 tokens[level.nodes] = picks[level.parent_slot, level.ranks]
                 if q is not None:
                     q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
-        return tokens, (q_of.__getitem__ if q_of else None)
+        return tokens, ((lambda node: self._full_q(q_of[node])) if q_of else None)

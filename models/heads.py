@@ -3,9 +3,17 @@
 Indexing (REFERENCE.md section 1): the base LM head at position t predicts token t+1;
 draft head k (k = 0..K-1) at position t predicts token t+k+2.
 
-    heads = build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=4), model)
-    logits = heads.head_logits(k, h_t, path_tokens)   # path_tokens = x_{t+1} .. x_{t+k+1}
+    heads = build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=4, draft_vocab_size=4096), model,
+                        draft_ids=most_frequent(counts, 4096))          # models/draft_vocab.py
+    logits = heads.draft_logits(k, h_t, path_tokens)  # [..., Vd]; path_tokens = x_{t+1} .. x_{t+k+1}
+    token_ids = heads.to_token_ids(logits.topk(10).indices)
+    heads.head_logits(k, h_t, path_tokens)            # [..., V]: the same, -inf outside the draft vocabulary
     heads.save("results/heads/hydra");  model, heads = load_heads("results/heads/hydra", model)
+
+Draft vocabulary (draft_vocab_size, None = the full vocabulary): the heads' LM heads output logits over
+`draft_ids` only. With share_lm_head they are the frozen base LM head's rows for those ids (buffers rebuilt
+on attach, never saved); own LM heads are Linear(h, Vd) initialised from the same rows. `draft_ids` is saved
+with the weights and checked against the base model on load.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.base import model_name
+from models.draft_vocab import check_draft_ids, index_in_draft
 
 FAMILIES = ("medusa", "hydra", "hydra_pp")
 CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
@@ -35,19 +44,28 @@ class HeadsConfig:
     base_model: str
     dropout: float = 0.0
     share_lm_head: bool = False   # True: every head ends in the frozen base LM head (no own Linear)
+    draft_vocab_size: int | None = None   # heads score this many tokens (DraftHeads.draft_ids); None: all
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"heads family {self.family!r} is not known; use one of {list(FAMILIES)}")
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"num_heads and num_layers must be >= 1, got {self.num_heads} and {self.num_layers}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be between 1 and vocab_size="
+                             f"{self.vocab_size}, or None for the full vocabulary")
+
+    @property
+    def out_size(self) -> int:
+        """Logits per head: the draft vocabulary's size (the full vocabulary's without one)."""
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     @classmethod
     def for_base(cls, model, family: str, num_heads: int, num_layers: int = 1, dropout: float = 0.0,
-                 share_lm_head: bool = False) -> "HeadsConfig":
+                 share_lm_head: bool = False, draft_vocab_size: int | None = None) -> "HeadsConfig":
         return cls(family=family, num_heads=num_heads, num_layers=num_layers, hidden_size=model.config.hidden_size,
                    vocab_size=model.config.vocab_size, base_model=model_name(model), dropout=dropout,
-                   share_lm_head=share_lm_head)
+                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size)
 
 
 class ResBlock(nn.Module):
@@ -83,12 +101,16 @@ class HydraInputBlock(nn.Module):
 
 
 class DraftHeads(nn.Module):
-    """All K heads of one family. The base model's embedding and LM head are referenced, never saved."""
+    """All K heads of one family. The base model's embedding and LM head are referenced, never saved.
 
-    def __init__(self, config: HeadsConfig, base_model=None):
+    Hydra++ (REFERENCE.md section 7): dropout before every block and before the LM head; the prefix
+    layer is a 1-layer decoder model over the base's final hidden states, with its own final RMSNorm.
+    """
+
+    def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        h, K, L = config.hidden_size, config.num_heads, config.num_layers
+        h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
         if config.family == "medusa":
             blocks = [nn.Sequential(*[ResBlock(h) for _ in range(L)]) for _ in range(K)]
         else:  # each block its own module: never `[ResBlock(h)] * L`, which shares one
@@ -96,8 +118,28 @@ class DraftHeads(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.dropout = nn.Dropout(config.dropout)
         self.lm_heads = None if config.share_lm_head else nn.ModuleList(
-            [nn.Linear(h, config.vocab_size, bias=True) for _ in range(K)])
+            [nn.Linear(h, Vd, bias=True) for _ in range(K)])
+        if config.draft_vocab_size is None:
+            if draft_ids is not None:
+                raise ValueError("draft_ids given but config.draft_vocab_size is None (full vocabulary)")
+            self.register_buffer("draft_ids", None)
+            self.register_buffer("draft_index", None)
+        else:
+            if draft_ids is None:
+                raise ValueError(f"config.draft_vocab_size={config.draft_vocab_size} needs its draft_ids "
+                                 "(models/draft_vocab.py most_frequent)")
+            draft_ids = torch.as_tensor(draft_ids)
+            check_draft_ids(draft_ids, config.vocab_size, config.draft_vocab_size)
+            self.register_buffer("draft_ids", draft_ids.long().clone())                         # [Vd], saved
+            self.register_buffer("draft_index", index_in_draft(self.draft_ids, config.vocab_size),
+                                 persistent=False)                                               # [V]
+        # the base LM head's rows for draft_ids (draft vocabulary only): the shared LM head, the Hydra++
+        # teacher and the initial own LM heads; frozen, rebuilt on attach, never saved
+        self.register_buffer("base_rows_weight", None, persistent=False)   # [Vd, h]
+        self.register_buffer("base_rows_bias", None, persistent=False)     # [Vd] when the base LM head has a bias
+        self._frozen_linear: dict = {}
         self.prefix_layer = None
+        self.prefix_norm = None
         self._base = {}
         if base_model is not None:
             self.attach(base_model, init_from_base=True)
@@ -106,25 +148,35 @@ class DraftHeads(nn.Module):
     def attach(self, base_model, init_from_base: bool = False) -> "DraftHeads":
         """Reference the frozen base embedding / LM head / rotary embedding; optionally initialise from them."""
         decoder = base_model.get_decoder()
-        self._base = {"embed": base_model.get_input_embeddings(), "lm_head": base_model.get_output_embeddings(),
+        lm_head = base_model.get_output_embeddings()
+        self._base = {"embed": base_model.get_input_embeddings(), "lm_head": lm_head,
                       "rotary": getattr(decoder, "rotary_emb", None)}
+        if self.draft_ids is not None:
+            ids = self.draft_ids.to(lm_head.weight.device)
+            base_b = getattr(lm_head, "bias", None)
+            self.base_rows_weight = lm_head.weight.detach()[ids].clone()
+            self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
         if self.config.family == "hydra_pp" and self.prefix_layer is None:
-            # One extra decoder layer of the base architecture; o_proj/down_proj start at zero so its
-            # output starts equal to its input (a fresh Hydra++ drafts like a fresh Hydra).
+            # One extra decoder layer of the base architecture and a final RMSNorm (a 1-layer decoder model).
+            # o_proj/down_proj start at zero, so the layer starts as the identity; the norm's weight starts
+            # at the RMS of the base's final-norm weight, the typical RMS of the base's final hidden states,
+            # so a fresh Hydra++ drafts like a fresh Hydra (same direction, about the same scale).
             self.prefix_layer = copy.deepcopy(decoder.layers[-1])
             self.prefix_layer.self_attn.layer_idx = 0
+            self.prefix_norm = copy.deepcopy(decoder.norm)
             with torch.no_grad():
                 self.prefix_layer.self_attn.o_proj.weight.zero_()
                 self.prefix_layer.mlp.down_proj.weight.zero_()
-            self.prefix_layer.to(dtype=torch.float32)
+                self.prefix_norm.weight.fill_(float(decoder.norm.weight.float().pow(2).mean().sqrt()))
+            for part in (self.prefix_layer, self.prefix_norm):
+                part.to(dtype=torch.float32).train(self.training)        # copies of eval-mode base modules
         if init_from_base and self.lm_heads is not None:
-            base_w = self._base["lm_head"].weight
-            base_b = getattr(self._base["lm_head"], "bias", None)
+            weight, bias = self.base_output_weights()
             with torch.no_grad():
                 for lin in self.lm_heads:
-                    lin.weight.copy_(base_w)
-                    if base_b is not None:
-                        lin.bias.copy_(base_b)
+                    lin.weight.copy_(weight)
+                    if bias is not None:
+                        lin.bias.copy_(bias)
                     else:
                         lin.bias.zero_()
         return self
@@ -132,6 +184,40 @@ class DraftHeads(nn.Module):
     def _require_base(self):
         if not self._base:
             raise RuntimeError("heads are not attached to a base model; call heads.attach(model) first")
+
+    def base_output_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [Vd, h], bias [Vd] or None): the frozen base LM head restricted to the draft vocabulary."""
+        self._require_base()
+        if self.draft_ids is not None:
+            return self.base_rows_weight, self.base_rows_bias
+        base = self._base["lm_head"]
+        return base.weight, getattr(base, "bias", None)
+
+    def output_layer(self, k: int) -> nn.Linear:
+        """The Linear head k ends in ([h] -> [Vd]): its own, or the frozen base LM head (its draft-vocabulary rows)."""
+        if self.lm_heads is not None:
+            return self.lm_heads[k]
+        self._require_base()
+        if self.draft_ids is None:
+            return self._base["lm_head"]
+        weight, bias = self.base_output_weights()
+        key = (weight.data_ptr(), weight.device, weight.dtype)
+        if self._frozen_linear.get("key") != key:   # a frozen Linear over the buffers (no copy), remade after .to()
+            lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            lin.weight = nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                lin.bias = nn.Parameter(bias, requires_grad=False)
+            self._frozen_linear = {"key": key, "linear": lin}
+        return self._frozen_linear["linear"]
+
+    # -- draft vocabulary ----------------------------------------------------------------------
+    def to_token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Positions in the draft vocabulary (e.g. top-k indices of draft_logits) -> token ids."""
+        return index if self.draft_ids is None else self.draft_ids[index]
+
+    def to_draft_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> positions in the draft vocabulary, -1 for tokens outside it."""
+        return token_ids if self.draft_ids is None else self.draft_index[token_ids]
 
     # -- per-head computation ------------------------------------------------------------------
     def head_hidden(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,22 +231,36 @@ class DraftHeads(nn.Module):
                                  f"{None if path_tokens is None else tuple(path_tokens.shape)}")
             emb = self._base["embed"](path_tokens).to(hidden.dtype)          # [..., k+1, h]
             x = torch.cat([hidden.unsqueeze(-2), emb], dim=-2).flatten(-2)   # [..., h*(k+2)]
-        return self.dropout(self.blocks[k](x))
+        for block in self.blocks[k]:                                          # dropout before every block
+            x = block(self.dropout(x))
+        return self.dropout(x)                                                # and before the LM head
 
     def lm_head(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        if self.lm_heads is not None:
-            return self.lm_heads[k](x)
-        self._require_base()
-        base = self._base["lm_head"]
-        return base(x.to(base.weight.dtype))
+        """[..., h] -> [..., Vd] logits over the draft vocabulary."""
+        linear = self.output_layer(k)
+        return linear(x.to(linear.weight.dtype))
+
+    def draft_logits(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., Vd] of head k over the draft vocabulary (to_token_ids maps positions to token ids)."""
+        return self.lm_head(k, self.head_hidden(k, hidden, path_tokens))
 
     def head_logits(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [..., V] of head k: the token at t+k+2 given h_t (and x_{t+1..t+k+1} for Hydra)."""
-        return self.lm_head(k, self.head_hidden(k, hidden, path_tokens))
+        """Logits [..., V] of head k over the full vocabulary: the token at t+k+2 given h_t (and x_{t+1..t+k+1}
+        for Hydra); -inf outside the draft vocabulary, so softmax gives the head's distribution over all tokens."""
+        logits = self.draft_logits(k, hidden, path_tokens)
+        if self.draft_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_ids, logits)
+
+    def base_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The frozen base LM head over the draft vocabulary: [..., h] -> [..., Vd] (the Hydra++ teacher)."""
+        weight, bias = self.base_output_weights()
+        return F.linear(hidden.to(weight.dtype), weight, bias)
 
     # -- Hydra++ prefix layer ------------------------------------------------------------------
     def prefix_forward(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """Hydra++: the extra decoder layer over base hidden states, causal. hidden: [B, T, h] -> [B, T, h].
+        """Hydra++: the extra decoder layer and its final norm over base hidden states, causal. [B, T, h] -> [B, T, h].
 
         With a `cache` (a transformers DynamicCache of one layer), earlier positions come from it.
         Other families return `hidden` unchanged.
@@ -179,10 +279,11 @@ class DraftHeads(nn.Module):
         out = self.prefix_layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
                                 use_cache=cache is not None, position_embeddings=pos_emb)
         out = out[0] if isinstance(out, tuple) else out
-        return out.to(hidden.dtype)
+        return self.prefix_norm(out).to(hidden.dtype)
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
+        """heads_config.json (with draft_vocab_size) + heads.safetensors (with the draft_ids tensor)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
@@ -191,8 +292,8 @@ class DraftHeads(nn.Module):
         return folder
 
 
-def build_heads(config: HeadsConfig, base_model) -> DraftHeads:
-    return DraftHeads(config, base_model)
+def build_heads(config: HeadsConfig, base_model, draft_ids: torch.Tensor | None = None) -> DraftHeads:
+    return DraftHeads(config, base_model, draft_ids)
 
 
 def check_compatible(config: HeadsConfig, base_model, source: str = "heads") -> None:
@@ -214,13 +315,19 @@ def load_heads(folder: str | Path, base_model):
                                 "`python -m pipelines.train heads=...`")
     config = HeadsConfig(**json.loads((folder / CONFIG_FILE).read_text()))
     check_compatible(config, base_model, source=str(folder))
+    state = load_file(str(folder / WEIGHTS_FILE))
+    draft_ids = state.get("draft_ids")
+    if config.draft_vocab_size is not None:
+        if draft_ids is None:
+            raise ValueError(f"{folder / WEIGHTS_FILE} has no draft_ids tensor but {CONFIG_FILE} says "
+                             f"draft_vocab_size={config.draft_vocab_size}")
+        check_draft_ids(draft_ids, base_model.config.vocab_size, config.draft_vocab_size, source=str(folder))
     if (folder / ADAPTER_DIR).is_dir():
         from peft import PeftModel
 
         base_model = PeftModel.from_pretrained(base_model, str(folder / ADAPTER_DIR)).merge_and_unload().eval()
-    heads = DraftHeads(config)
+    heads = DraftHeads(config, draft_ids=draft_ids if config.draft_vocab_size is not None else None)
     heads.attach(base_model)  # creates the Hydra++ prefix layer so its weights have a place to load into
-    state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:  # checked by hand to name the keys: a partial load must never pass silently
         raise ValueError(f"{folder / WEIGHTS_FILE} does not match a {config.family} heads module: "

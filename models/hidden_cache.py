@@ -3,13 +3,18 @@
     key = cache_key(model, sequences)                      # data + model + lengths: any change -> new key
     cache = HiddenCache.build(model, sequences, Path("results/cache/hidden") / name / key / "train")
     cache[i]                                               # [T_i, h] float32, what the LM head consumes
+    cache.rows(index)                                      # [n, h]: rows of the sequences laid end to end
+    cache.first(n)                                         # the first n sequences' cache (a view)
 
 Medusa-1, Hydra and Hydra++ train on a frozen backbone, so its hidden states do not change between
-families or epochs: one forward pass over the data serves them all. Shards of `shard_size`
-sequences are written as safetensors (a temporary file renamed into place), so an interrupted
-build resumes at the first missing shard. The whole cache is then held in memory (about
-T x h x 4 bytes: 60 MB for 25k tokens of SmolLM2); at paper scale keep `profile.train.hidden_cache`
-off and let the modules run the frozen backbone instead.
+families or epochs: one forward pass over the data serves them all. The forward runs over the
+sequences sorted by length, in batches of about `batch_tokens` tokens of near-equal length (little
+padding) and without an attention mask (right padding: a causal model's real tokens never see the
+pads), which is the fastest the decoder runs on a CPU. Shards of `shard_size` sequences (in that
+length order) are written as safetensors (a temporary file renamed into place), so an interrupted
+build resumes at the first missing shard. The whole cache is then held in memory as one float32
+tensor: T x h x 4 bytes, 0.7 GB for 300k tokens of SmolLM2 (h = 576); at paper scale keep
+`profile.train.hidden_cache` off and let the modules run the frozen backbone instead.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+
+LAYOUT = "length-sorted-v2"   # part of the key: shards of another layout are never read
 
 
 def model_fingerprint(model) -> str:
@@ -41,61 +48,90 @@ def sequences_fingerprint(sequences: list[list[int]]) -> str:
 
 def cache_key(model, sequences: list[list[int]], dtype: torch.dtype = torch.float32) -> str:
     """16 hex digits naming the cache of `sequences` (already cut to max_length) under `model`."""
-    text = f"{model_fingerprint(model)}:{sequences_fingerprint(sequences)}:{dtype}"
+    text = f"{model_fingerprint(model)}:{sequences_fingerprint(sequences)}:{dtype}:{LAYOUT}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @torch.no_grad()
-def final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] right-padded -> [B, T, h]: the decoder's output after the final norm."""
-    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] right-padded -> [B, T, h]: the decoder's output after the final norm (pads: ignore their rows)."""
+    return model.get_decoder()(input_ids=input_ids).last_hidden_state
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Consecutive indices in batches whose padded size (rows x longest row) stays within batch_tokens
+    (a longer sequence alone); on length-sorted sequences the rows of a batch have near-equal lengths."""
+    batches, current, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    return batches + [current] if current else batches
 
 
 class HiddenCache:
-    def __init__(self, tensors: list[torch.Tensor]):
-        self.tensors = tensors
+    def __init__(self, flat: torch.Tensor, lengths: list[int]):
+        self.flat = flat                                                       # [sum T_i, h]
+        self.offsets = [0]
+        for n in lengths:
+            self.offsets.append(self.offsets[-1] + n)
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.tensors[i]
+    def __getitem__(self, i: int) -> torch.Tensor:                           # [T_i, h], a view
+        return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:                     # [n] -> [n, h]
+        return self.flat[index]
+
+    def first(self, n: int) -> "HiddenCache":
+        """The cache of the first n sequences (a view)."""
+        return HiddenCache(self.flat[:self.offsets[n]], [b - a for a, b in zip(self.offsets[:n], self.offsets[1:n + 1])])
 
     @classmethod
-    def build(cls, model, sequences: list[list[int]], folder: str | Path, batch_size: int = 8, shard_size: int = 256,
-              dtype: torch.dtype = torch.float32, desc: str = "hidden cache") -> "HiddenCache":
-        """Compute the missing shards, then load all of them."""
+    def build(cls, model, sequences: list[list[int]], folder: str | Path, batch_tokens: int = 4096,
+              shard_size: int = 256, dtype: torch.dtype = torch.float32, desc: str = "hidden cache") -> "HiddenCache":
+        """Compute the missing shards, then load all of them into one tensor (the sequences in their own order)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         device = next(model.parameters()).device
         pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        n_shards = (len(sequences) + shard_size - 1) // shard_size
-        missing = [s for s in range(n_shards) if not (folder / f"shard-{s:05d}.safetensors").is_file()]
-        todo_tokens = sum(len(q) for s in missing for q in sequences[s * shard_size:(s + 1) * shard_size])
+        order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i]), i))     # shortest first
+        shards = [order[s:s + shard_size] for s in range(0, len(order), shard_size)]
+        path = lambda s: folder / f"shard-{s:05d}.safetensors"
+        missing = [s for s in range(len(shards)) if not path(s).is_file()]
+        todo_tokens = sum(len(sequences[i]) for s in missing for i in shards[s])
+        # 1) compute the missing shards
         with tqdm(total=todo_tokens, desc=desc, unit="tok", mininterval=5.0, disable=not missing) as bar:
             for s in missing:
-                chunk = sequences[s * shard_size:(s + 1) * shard_size]
-                out: list[torch.Tensor | None] = [None] * len(chunk)
-                order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))   # similar lengths per batch
-                for b in range(0, len(order), batch_size):
-                    idx = order[b:b + batch_size]
+                chunk = [sequences[i] for i in shards[s]]
+                out = []
+                for idx in length_batches([len(q) for q in chunk], batch_tokens):
                     width = max(len(chunk[i]) for i in idx)
-                    ids = torch.full((len(idx), width), pad, dtype=torch.long)   # [B, T] right-padded
-                    mask = torch.zeros((len(idx), width), dtype=torch.long)
+                    ids = torch.full((len(idx), width), pad, dtype=torch.long)        # [B, T] right-padded
                     for row, i in enumerate(idx):
                         ids[row, :len(chunk[i])] = torch.tensor(chunk[i])
-                        mask[row, :len(chunk[i])] = 1
-                    hidden = final_hidden(model, ids.to(device), mask.to(device))      # [B, T, h]
-                    for row, i in enumerate(idx):
-                        out[i] = hidden[row, :len(chunk[i])].to("cpu", dtype)
-                    bar.update(int(mask.sum()))
-                tmp = folder / f"shard-{s:05d}.safetensors.{os.getpid()}.tmp"   # DDP ranks may race: own tmp each
-                save_file({"hidden": torch.cat(out), "lengths": torch.tensor([len(q) for q in chunk])}, str(tmp))
-                tmp.replace(folder / f"shard-{s:05d}.safetensors")   # atomic: complete or absent
-        tensors = []
-        for s in range(n_shards):
-            shard = load_file(str(folder / f"shard-{s:05d}.safetensors"))
-            tensors += list(torch.split(shard["hidden"], shard["lengths"].tolist()))   # views, [T_i, h] each
-        if [len(t) for t in tensors] != [len(q) for q in sequences]:
-            raise RuntimeError(f"hidden cache {folder} does not match the data (lengths differ); delete it to rebuild")
-        return cls(tensors)
+                    hidden = final_hidden(model, ids.to(device))                       # [B, T, h]
+                    out += [hidden[row, :len(chunk[i])].to("cpu", dtype) for row, i in enumerate(idx)]
+                    bar.update(sum(len(chunk[i]) for i in idx))
+                tmp = path(s).with_suffix(f".{os.getpid()}.tmp")           # DDP ranks may race: own tmp each
+                save_file({"hidden": torch.cat(out), "index": torch.tensor(shards[s])}, str(tmp))
+                tmp.replace(path(s))                                       # atomic: complete or absent
+        # 2) load them into one [sum T_i, h] tensor, each sequence at its place
+        lengths = [len(q) for q in sequences]
+        offsets = torch.cumsum(torch.tensor([0] + lengths), 0).tolist()
+        flat = None
+        for s in range(len(shards)):
+            shard = load_file(str(path(s)))
+            if shard["index"].tolist() != shards[s]:
+                raise RuntimeError(f"hidden cache {path(s)} does not match the data; delete {folder} to rebuild")
+            if flat is None:
+                flat = torch.empty(offsets[-1], shard["hidden"].shape[-1], dtype=shard["hidden"].dtype)
+            for i, piece in zip(shards[s], torch.split(shard["hidden"], [lengths[i] for i in shards[s]])):
+                flat[offsets[i]:offsets[i + 1]] = piece
+        if flat is None:
+            raise ValueError(f"no sequences to cache in {folder}")
+        return cls(flat, lengths)

@@ -1,23 +1,31 @@
 """Training draft heads with Lightning: one module per family and their losses (REFERENCE.md section 2).
 
     module = HydraModule(heads, base_model, Recipe(kind="hydra", lr=1e-3))
-    trainer = fit_resumable(module, train_loader, val_loader, "results/checkpoints/hydra", fingerprint, max_epochs=2)
+    trainer, best = fit_resumable(module, train_loader, val_loader, "results/checkpoints/hydra", fingerprint,
+                                  max_epochs=3)      # the weights of the best val epoch: best.epoch, best.history
 
 Targets: head k at position t predicts token t+k+2, and the position counts only when that token
-is an assistant token (labels != -100). A batch (see `collate`) holds input_ids, labels and
-attention_mask [B, T] (right padding) and, when the frozen base's hidden states come from the
-cache, `hidden` [B, T, h]; without it the modules run the frozen backbone themselves.
+is an assistant token (labels != -100). A batch (models/head_data.py) holds input_ids and labels
+[B, T] (right padding), optionally `sources` [B, T] (the positions the heads read; all when absent)
+and, when the frozen base's hidden states come from the cache, `hidden` [B, T, h] (window batches:
+[B, 1, h]); without it the modules run the frozen backbone themselves.
 
-  Medusa1Module   frozen backbone, loss sum_k 0.8^k CE_k
-  HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing)
+Draft vocabulary (heads.draft_ids, models/draft_vocab.py): the heads' logits cover it only. The CE
+losses leave out targets outside it (nothing to learn there); the Hydra++ teacher is the base
+distribution restricted to it and renormalised; val top-1/top-5 count every target, an
+out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary heads.
+
+  Medusa1Module   frozen backbone, loss sum_k decay^k CE_k (0.8^k)
+  HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal: 1.0^k)
   HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)
-  Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^k CE_k
+  Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k
 """
 from __future__ import annotations
 
 import logging
 import math
 import shutil
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,7 +47,8 @@ class Recipe:
     warmup_steps: int | None = None     # wins over warmup_ratio when set
     max_warmup_ratio: float | None = None   # cap on the warm-up share (small runs: 100 steps may be most of them)
     min_lr_ratio: float = 0.0           # cosine decays to lr * min_lr_ratio
-    head_decay: float = 0.8             # head k weighted head_decay^k
+    head_decay: float = 0.8             # head k weighted head_decay^(k + head_decay_offset)
+    head_decay_offset: int = 0          # Medusa-2's trainer: 1 (0.8^(k+1), k from 0)
     lm_loss_weight: float = 1.0         # CE against the data's token
     teacher_loss_weight: float = 0.0    # soft CE against the frozen base's distribution (Hydra++)
     head_lr_multiplier: float = 1.0     # Medusa-2: heads lr = lr * this
@@ -57,6 +66,10 @@ class Recipe:
         if self.lm_loss not in ("kl", "ce"):
             raise ValueError(f"lm_loss {self.lm_loss!r}: use kl (self-distilled data) or ce")
 
+    def head_weight(self, k: int) -> float:
+        """Weight of head k's loss (k from 0): head_decay^(k + head_decay_offset)."""
+        return self.head_decay ** (k + self.head_decay_offset)
+
     @classmethod
     def from_dict(cls, d: dict, ignore: tuple[str, ...] = ()) -> "Recipe":
         known = {f.name for f in fields(cls)}
@@ -67,23 +80,7 @@ class Recipe:
 
 
 # ---------------------------------------------------------------------------------------------
-# Data
-
-
-class HeadsDataset(torch.utils.data.Dataset):
-    """Examples of (input_ids, labels) and, optionally, the cached base hidden states [T, h]."""
-
-    def __init__(self, input_ids: list[list[int]], labels: list[list[int]], hidden=None):
-        self.input_ids, self.labels, self.hidden = input_ids, labels, hidden
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def __getitem__(self, i: int) -> dict:
-        item = {"input_ids": torch.as_tensor(self.input_ids[i]), "labels": torch.as_tensor(self.labels[i])}
-        if self.hidden is not None:
-            item["hidden"] = self.hidden[i]
-        return item
+# Precision
 
 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -116,29 +113,13 @@ def resolve_precision(precision: str, accelerator: str, cpuinfo: str | None = No
     return "bf16-mixed" if cpu_has_fast_bf16(cpuinfo) else "32-true"
 
 
-def collate(items: list[dict], pad_id: int = 0) -> dict:
-    """Right padding: input_ids/labels/attention_mask [B, T], hidden [B, T, h] when present."""
-    T = max(len(x["input_ids"]) for x in items)
-    B = len(items)
-    out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-           "labels": torch.full((B, T), IGNORE_INDEX, dtype=torch.long),
-           "attention_mask": torch.zeros((B, T), dtype=torch.long)}
-    if "hidden" in items[0]:
-        out["hidden"] = torch.zeros((B, T, items[0]["hidden"].shape[-1]), dtype=items[0]["hidden"].dtype)
-    for b, x in enumerate(items):
-        n = len(x["input_ids"])
-        out["input_ids"][b, :n] = x["input_ids"]
-        out["labels"][b, :n] = x["labels"]
-        out["attention_mask"][b, :n] = 1
-        if "hidden" in x:
-            out["hidden"][b, :n] = x["hidden"]
-    return out
-
-
-def head_positions(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(b, t, target) of head k: every t whose token t+k+2 is an assistant token. labels: [B, T]."""
+def head_positions(labels: torch.Tensor, k: int, sources: torch.Tensor | None = None):
+    """(b, t, target) of head k: every source t whose token t+k+2 is an assistant token. labels, sources: [B, T]."""
     target = labels[:, k + 2:]                            # [B, T-k-2]: the token head k predicts from t
-    b, t = (target != IGNORE_INDEX).nonzero(as_tuple=True)
+    valid = target != IGNORE_INDEX
+    if sources is not None:
+        valid &= sources[:, :target.shape[1]]
+    b, t = valid.nonzero(as_tuple=True)
     return b, t, target[b, t]
 
 
@@ -153,7 +134,7 @@ def path_tokens(input_ids: torch.Tensor, b: torch.Tensor, t: torch.Tensor, k: in
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of -sum_v softmax(teacher)_v log softmax(logits)_v. [N, V] each."""
+    """Mean over rows of -sum_v softmax(teacher)_v log softmax(logits)_v. [N, Vd] each."""
     return -(F.softmax(teacher_logits.float(), -1) * F.log_softmax(logits.float(), -1)).sum(-1).mean()
 
 
@@ -163,9 +144,12 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
     return F.kl_div(F.log_softmax(logits.float(), -1), ref, log_target=True, reduction="batchmean")
 
 
-def topk_hits(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> dict[int, torch.Tensor]:
-    """Number of rows whose target is among the top-k logits, per k."""
-    top = logits.topk(max(ks), dim=-1).indices            # [N, kmax]
+def topk_hits(logits: torch.Tensor, target: torch.Tensor, to_token_ids=None, ks=(1, 5)) -> dict[int, torch.Tensor]:
+    """Number of rows whose target token is among the top-k logits, per k. logits [N, Vd], target [N] token ids;
+    to_token_ids maps logit positions to token ids (a draft vocabulary)."""
+    top = logits.topk(min(max(ks), logits.shape[-1]), dim=-1).indices       # [N, kmax]
+    if to_token_ids is not None:
+        top = to_token_ids(top)
     hit = top == target[:, None]
     return {k: hit[:, :k].any(-1).sum() for k in ks}
 
@@ -202,6 +186,10 @@ class HeadsModule(pl.LightningModule):
 
     def on_fit_start(self):
         self.base.to(self.device)
+        self.trainable().train()          # dropout on (Lightning keeps the modes it finds; copied layers come in eval)
+
+    def trainable(self) -> torch.nn.Module:
+        return self.heads
 
     def on_validation_start(self):
         self.base.to(self.device)
@@ -211,43 +199,44 @@ class HeadsModule(pl.LightningModule):
 
     # -- forward pieces ------------------------------------------------------------------------
     def base_hidden(self, batch) -> torch.Tensor:
-        """[B, T, h] of the frozen base: from the cache when the batch carries it."""
+        """[B, T, h] of the frozen base: from the cache when the batch carries it (right padding: no mask needed)."""
         if "hidden" in batch:
             return batch["hidden"]
         with torch.no_grad():
-            return self.base.get_decoder()(input_ids=batch["input_ids"],
-                                           attention_mask=batch["attention_mask"]).last_hidden_state
+            return self.base.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state
 
     def head_inputs(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         return hidden
 
     def heads_loss(self, head_hidden: torch.Tensor, base_hidden: torch.Tensor, batch) -> tuple[torch.Tensor, list]:
-        """sum_k decay^k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits, targets) for metrics."""
+        """sum_k weight_k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits [N, Vd], target token ids [N])."""
         r, total, per_head = self.recipe, head_hidden.new_zeros(()), []
         if r.teacher_loss_weight:
             # The teacher is the frozen base's distribution for the same token: its LM head at position
-            # t+k+1 (which predicts t+k+2). Recomputed here from the cached hidden states with the frozen
-            # LM head, once per position for all heads (cheap; storing [T, V] logits would cost 85x the cache).
+            # t+k+1 (which predicts t+k+2), over the draft vocabulary (softmax renormalises it there).
+            # Recomputed here from the cached hidden states, once per position for all heads.
             nxt = batch["labels"][:, 1:] != IGNORE_INDEX                           # [B, T-1]
             pb, pp = nxt.nonzero(as_tuple=True)
-            lm_head = self.base.get_output_embeddings()
             with torch.no_grad():
-                teacher_all = lm_head(base_hidden[pb, pp].to(lm_head.weight.dtype))  # [P, V]
+                teacher_all = self.heads.base_draft_logits(base_hidden[pb, pp])    # [P, Vd]
             row = torch.full(nxt.shape, -1, dtype=torch.long, device=nxt.device)
             row[pb, pp] = torch.arange(len(pp), device=nxt.device)
         for k in range(self.heads.config.num_heads):
-            b, t, target = head_positions(batch["labels"], k)
+            b, t, target = head_positions(batch["labels"], k, batch.get("sources"))
             if len(t) == 0:
                 per_head.append(None)
                 continue
             path = path_tokens(batch["input_ids"], b, t, k) if self.uses_path else None
-            logits = self.heads.head_logits(k, head_hidden[b, t], path)            # [N, V]
+            logits = self.heads.draft_logits(k, head_hidden[b, t], path)           # [N, Vd]
             loss_k = logits.new_zeros(())
             if r.lm_loss_weight:
-                loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(logits.float(), target)
+                index = self.heads.to_draft_index(target)                          # [N], -1 outside the vocabulary
+                inside = index >= 0
+                ce = F.cross_entropy(logits[inside].float(), index[inside]) if inside.any() else logits.sum() * 0
+                loss_k = loss_k + r.lm_loss_weight * ce
             if r.teacher_loss_weight:
                 loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher_all[row[b, t + k + 1]])
-            total = total + r.head_decay ** k * loss_k
+            total = total + r.head_weight(k) * loss_k
             per_head.append((loss_k.detach(), logits.detach(), target))
         return total, per_head
 
@@ -276,7 +265,7 @@ class HeadsModule(pl.LightningModule):
             if item is None:
                 continue
             _, logits, target = item
-            hits = topk_hits(logits, target)
+            hits = topk_hits(logits, target, self.heads.to_token_ids)   # out-of-vocabulary targets: misses
             for kk, n in hits.items():  # weighted by the number of targets: the epoch value is the accuracy
                 self.log(f"{p}val/top{kk}_head{k}", n.float() / len(target), batch_size=len(target),
                          sync_dist=True)
@@ -316,7 +305,7 @@ class HydraPPModule(HydraModule):
 
 
 class Medusa2Module(HeadsModule):
-    """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^k CE_k.
+    """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k.
 
     `backbone` is a peft model over the base; L_LM is KL to the same model with the adapters
     switched off (self-distilled data: the base's own distribution is the target) or CE to the
@@ -327,6 +316,9 @@ class Medusa2Module(HeadsModule):
         super().__init__(heads, backbone, recipe, log_prefix)
         self.backbone = backbone           # a submodule: Lightning moves and trains its LoRA weights
         self.strict_loading = False        # checkpoints hold the trainable weights only
+
+    def trainable(self) -> torch.nn.Module:
+        return self           # the heads and the LoRA backbone (its adapters' dropout)
 
     def on_save_checkpoint(self, checkpoint):
         super().on_save_checkpoint(checkpoint)
@@ -346,7 +338,7 @@ class Medusa2Module(HeadsModule):
 
     def compute(self, batch):
         decoder, lm_head = self.backbone.get_base_model().get_decoder(), self.backbone.get_output_embeddings()
-        hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = decoder(input_ids=batch["input_ids"]).last_hidden_state         # right padding: no mask needed
         # L_LM at every position whose next token is an assistant token
         nxt = batch["labels"][:, 1:]
         b, p = (nxt != IGNORE_INDEX).nonzero(as_tuple=True)
@@ -356,8 +348,7 @@ class Medusa2Module(HeadsModule):
                 ref_hidden = batch["hidden"][b, p]
             else:
                 with torch.no_grad(), self.backbone.disable_adapter():
-                    ref_hidden = decoder(input_ids=batch["input_ids"],
-                                         attention_mask=batch["attention_mask"]).last_hidden_state[b, p]
+                    ref_hidden = decoder(input_ids=batch["input_ids"]).last_hidden_state[b, p]
             with torch.no_grad():
                 ref_logits = lm_head(ref_hidden.to(lm_head.weight.dtype))
             lm_loss = kl_to_reference(logits, ref_logits)
@@ -381,13 +372,66 @@ MODULES = {"medusa1": Medusa1Module, "hydra": HydraModule, "hydra_pp": HydraPPMo
 # Fit with resume
 
 
+class BestEpoch(pl.Callback):
+    """After each val epoch of a fit: keeps a copy of the trainable weights when `monitor` beat every earlier
+    epoch; `restore(module)` puts the best ones back. Its state (best epoch, weights, history) goes into
+    the checkpoints, so a resumed run still knows the best epoch before the interruption."""
+
+    def __init__(self, monitor: str):
+        self.monitor = monitor
+        self.epoch, self.value, self.weights, self.history = None, None, None, []
+
+    def on_validation_end(self, trainer, module):
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self.monitor not in trainer.callback_metrics:
+            return
+        value, epoch = float(trainer.callback_metrics[self.monitor]), trainer.current_epoch + 1   # epochs from 1
+        self.history.append(round(value, 4))                  # the value of epoch len(history)
+        if self.value is None or value > self.value:
+            trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+            self.weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items() if k in trainable}
+            self.epoch, self.value = epoch, value
+
+    def restore(self, module) -> None:
+        if self.weights is not None:
+            missing = set(self.weights) - set(module.state_dict())
+            if missing:
+                raise RuntimeError(f"best-epoch weights name parameters the module lacks: {sorted(missing)[:5]}")
+            module.load_state_dict(self.weights, strict=False)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "value": self.value, "weights": self.weights, "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.value, self.weights, self.history = (state["epoch"], state["value"], state["weights"],
+                                                              state["history"])
+
+
+class Throughput(pl.Callback):
+    """Training positions (head 0's targets) per second of training steps (forward, backward, optimizer)."""
+
+    def __init__(self):
+        self.positions, self.seconds, self._start = 0, 0.0, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seconds += time.perf_counter() - self._start
+        self.positions += len(head_positions(batch["labels"], 0, batch.get("sources"))[0])
+
+    @property
+    def positions_per_s(self) -> float:
+        return self.positions / self.seconds if self.seconds else float("nan")
+
+
 def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str | Path, fingerprint: str,
                   max_epochs: int, trainer_kwargs: dict | None = None, logger=False, callbacks=(),
-                  every_n_train_steps: int | None = None) -> pl.Trainer:
-    """trainer.fit, resuming from ckpt_dir/last.ckpt when it exists and was written for `fingerprint`.
+                  every_n_train_steps: int | None = None) -> tuple[pl.Trainer, BestEpoch]:
+    """trainer.fit for max_epochs, resuming from ckpt_dir/last.ckpt when it exists and was written for
+    `fingerprint`; then the module gets the weights of its best val epoch (by val top-1 of head 0).
 
     A last.ckpt of other settings (data, recipe, code) is discarded. A finished run resumed
-    returns at once with the module holding the final weights.
+    returns at once with the module holding the best epoch's weights.
     """
     ckpt_dir = Path(ckpt_dir)
     last = ckpt_dir / "last.ckpt"
@@ -410,8 +454,10 @@ def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str |
     checkpoints = [ModelCheckpoint(**same)]
     if every_n_train_steps:
         checkpoints.append(ModelCheckpoint(**same, every_n_train_steps=every_n_train_steps))
+    best = BestEpoch(f"{module.log_prefix}val/top1_head0")
     kwargs = {"enable_model_summary": False, "num_sanity_val_steps": 0, **(trainer_kwargs or {})}
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[*checkpoints, *callbacks],
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[best, *checkpoints, *callbacks],
                          default_root_dir=str(ckpt_dir), **kwargs)
     trainer.fit(module, train_loader, val_loader, ckpt_path=resume)
-    return trainer
+    best.restore(module)
+    return trainer, best

@@ -31,6 +31,7 @@ from models.calibration import (accuracy_table, choose_budget, empirical_accept_
                                 greedy_tree, interpolate_cost, machine_description, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
+from models.fast_inference import prepare_for_decoding
 from models.latency import verify_latency_profile
 from models.trees import TreeBuffers, TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
@@ -255,8 +256,9 @@ def calibrate(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg)
     base, tokenizer = load_model(cfg, device=device)
-    latency = load_latency(cfg, base, device)
     model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
+    prepare_for_decoding(model)                    # the CPU fast paths the decoders run (after the merge)
+    latency = load_latency(cfg, model, device)
     D, K = heads.config.num_heads, int(c.topk)
 
     # 1) sequences: held-out prompts + the base model's greedy answers (or the data's own answers)
@@ -297,6 +299,7 @@ def calibrate(cfg: DictConfig) -> dict:
     baseline = 1.0 / latency["baseline_step_s"]
     result = {
         "heads": cfg.heads.name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
+        "draft_vocab_size": heads.config.draft_vocab_size,
         "continuation": c.continuation, "num_sequences": len(ranks), "num_positions": int(counts[0]),
         "acc": acc.tolist(), "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
         "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
@@ -345,6 +348,7 @@ def main(cfg: DictConfig) -> None:
 
             device = setup_device(cfg)
             model, _ = load_model(cfg, device=device)
+            prepare_for_decoding(model)
             record = measure_latency(cfg, model, device)
             mlflow.log_metrics({f"verify_ms_{n}": 1e3 * s for n, s in zip(record["sizes"], record["seconds"])})
             mlflow.log_artifact(str(latency_path(cfg)))

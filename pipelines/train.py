@@ -7,13 +7,20 @@ it against the rest of the config):
 
   1) data: the distilled conversations (profile.train.data=distilled, default) or the prepared ones,
      cut to profile.train.max_length; only assistant tokens are targets
-  2) frozen-backbone families: the base hidden states of all examples, computed once into
+  2) draft vocabulary: the profile.train.draft_vocab_size most frequent answer tokens of the train
+     split (models/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
+  3) frozen-backbone families: the base hidden states of all examples, computed once into
      results/cache/hidden/<model>/<key>/ (key = model + data + lengths) and reused by every family
      and epoch (profile.train.hidden_cache)
-  3) fit the family's LightningModule (models/training.py), resuming from
-     results/checkpoints/<heads>/last.ckpt when it was written for the same settings;
+  4) fit the family's LightningModule (models/training.py) for up to the effective epochs on batches
+     of about profile.train.batch_positions target positions (models/head_data.py: random positions
+     for Medusa/Hydra on the cache, length-bucketed conversations otherwise), resuming from
+     results/checkpoints/<heads>/last.ckpt when it was written for the same settings, and keep the
+     weights of the val epoch with the best head-0 top-1;
      Medusa-2 = stage 1 heads only (on the cache) + stage 2 LoRA backbone and heads together
-  4) heads folder results/heads/<heads> (+ adapter/ for Medusa-2), per-head val top-1/top-5 in
+     (on the first joint_max_train_samples conversations)
+  5) heads folder results/heads/<heads> (draft_ids inside, + adapter/ for Medusa-2); per-head val
+     top-1/top-5, the best epoch, positions/s and the draft vocabulary's coverage in
      reports/metrics/train_<heads>.json; everything logged to MLflow through Lightning's MLFlowLogger
 """
 from __future__ import annotations
@@ -33,17 +40,20 @@ from datasets import load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
+from models.draft_vocab import answer_token_counts, coverage, most_frequent
+from models.head_data import HeadsDataset, conversation_loader, target_positions, window_loader
 from models.heads import HeadsConfig, build_heads
 from models.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Medusa1Module, Recipe, collate, fit_resumable,
-                             resolve_precision)
+from models.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, resolve_precision
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
 # Recipe keys the stage reads itself (the rest configure models.training.Recipe).
 STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
 # profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
-RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_size")
-CODE_FILES = ("models/training.py", "models/heads.py", "models/hidden_cache.py", "pipelines/train.py")
+RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_tokens")
+CODE_FILES = ("models/training.py", "models/heads.py", "models/hidden_cache.py", "models/head_data.py",
+              "models/draft_vocab.py", "pipelines/train.py")
+WINDOW_KINDS = ("medusa1", "hydra")   # heads that read one position each: trained on random positions
 
 
 def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
@@ -76,9 +86,15 @@ def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list
 
 
 def effective_epochs(cfg: DictConfig) -> int:
-    """The recipe's epochs when it has its own (Hydra++: 10), else the profile's; capped by profile.train.max_epochs."""
+    """The recipe's epochs when it has its own (Hydra++: 10), else the profile's; capped by profile.train.max_epochs:
+    one number for every family, or a mapping from heads name to cap with a `default` (null: no cap)."""
     epochs = cfg.heads.recipe.get("epochs") or cfg.profile.train.epochs
     cap = cfg.profile.train.get("max_epochs")
+    if isinstance(cap, DictConfig):
+        if "default" not in cap:
+            raise ValueError(f"profile.train.max_epochs={OmegaConf.to_container(cap)}: a mapping needs a `default` "
+                             "entry (the cap of the heads it does not name)")
+        cap = cap.get(cfg.heads.name, cap.default)
     return int(min(epochs, cap) if cap else epochs)
 
 
@@ -113,8 +129,17 @@ def unigram_baseline(train_labels, val_labels) -> float:
     return sum(l == top for l in targets) / max(1, len(targets))
 
 
+def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torch.Tensor | None, float]:
+    """(draft_ids [Vd] or None, share of the val answer tokens inside): the most frequent train answer tokens."""
+    size = cfg.profile.train.get("draft_vocab_size")
+    if size is None:
+        return None, 1.0
+    ids = most_frequent(answer_token_counts(data["train"][1], vocab_size), int(size))
+    return ids, coverage(ids, data["val"][1])
+
+
 def run_train(cfg: DictConfig) -> dict:
-    """Steps 1) to 4); returns the metrics also written to reports/metrics/train_<heads>.json."""
+    """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
     t0, t, h = time.time(), cfg.profile.train, cfg.heads
     if h.family == "none":
         raise ValueError("heads=none has nothing to train; use heads=medusa1|medusa2|hydra|hydra_pp")
@@ -129,44 +154,51 @@ def run_train(cfg: DictConfig) -> dict:
     # 1) data
     data = load_examples(cfg)
     data_key = sequences_fingerprint([s for split in data.values() for part in split for s in part])
-    # 2) hidden cache (Medusa-2 uses it for its heads-only stage and as the adapters-off reference)
+    # 2) draft vocabulary
+    draft_ids, val_coverage = draft_vocabulary(cfg, data, model.config.vocab_size)
+    # 3) hidden cache (Medusa-2 uses it for its heads-only stage and as the adapters-off reference)
     hidden = {"train": None, "val": None}
     t_cache = time.time()
     if t.get("hidden_cache", True):
         for split, (ids, _) in data.items():
             key = cache_key(model, ids)
             folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / key
-            hidden[split] = HiddenCache.build(model, ids, folder, batch_size=int(t.get("cache_batch_size", 8)),
+            hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
                                               desc=f"hidden cache {split}")
     t_cache = time.time() - t_cache
-    # 3) heads and module
-    heads = build_heads(HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads),
-                                             num_layers=int(h.num_layers), dropout=float(h.dropout),
-                                             share_lm_head=bool(h.share_lm_head)), model)
+    # 4) heads and module
+    config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
+                                  dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
+                                  draft_vocab_size=None if draft_ids is None else len(draft_ids))
+    heads = build_heads(config, model, draft_ids)
     heads.requires_grad_(True)   # the Hydra++ prefix layer is a copy of a (frozen) base layer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batch_positions = int(t.batch_positions)
 
-    def loader(split, limit=None, shuffle=False):
+    def loader(split, kind=None, limit=None):
+        """train: random positions (Medusa/Hydra on the cache) or shuffled length buckets; val: length buckets."""
         ids, labels = data[split]
         n = min(len(ids), limit or len(ids))
-        ds = HeadsDataset(ids[:n], labels[:n], hidden[split])
-        g = torch.Generator().manual_seed(int(cfg.seed))
-        return torch.utils.data.DataLoader(ds, batch_size=int(t.batch_size), shuffle=shuffle, generator=g,
-                                           collate_fn=lambda items: collate(items, pad))
+        cached = None if hidden[split] is None else hidden[split].first(n)
+        ds = HeadsDataset(ids[:n], labels[:n], cached)
+        if split == "train" and kind in WINDOW_KINDS and cached is not None:
+            return window_loader(ds, int(h.num_heads), batch_positions, pad, seed=int(cfg.seed))
+        return conversation_loader(ds, batch_positions, pad, shuffle=split == "train", seed=int(cfg.seed))
 
     trainer_kwargs = {"accelerator": cfg.trainer.accelerator, "devices": cfg.trainer.devices,
                       "num_nodes": int(cfg.trainer.num_nodes), "strategy": cfg.trainer.strategy,
                       "precision": trainer_precision(cfg), "accumulate_grad_batches": int(t.grad_accum),
                       "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
                       "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
-                      "enable_progress_bar": bool(t.get("progress_bar", True))}
+                      "enable_progress_bar": bool(t.get("progress_bar", True)),
+                      "use_distributed_sampler": False}   # models/head_data.py's samplers split batches by rank
     ckpt_root = Path(cfg.paths.results) / "checkpoints" / h.name
     epochs = effective_epochs(cfg)
     every = t.get("checkpoint_every_n_steps")
     out_dir = Path(cfg.paths.results) / "heads" / h.name
     if not is_global_zero():
         # DDP/FSDP ranks > 0 (Lightning re-runs this script with LOCAL_RANK/NODE_RANK set): train, log and save nothing
-        module, trainer, steps = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
+        module, trainer, parts = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
                                             trainer_kwargs, False, [], every)
         trainer.validate(module, loader("val"), verbose=False)
         return {}
@@ -178,17 +210,24 @@ def run_train(cfg: DictConfig) -> dict:
                               tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
         cbs = [LearningRateMonitor(logging_interval="step")]
         t_fit = time.time()
-        module, trainer, steps = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
+        module, trainer, parts = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
                                             trainer_kwargs, logger, cbs, every)
         t_fit = time.time() - t_fit
-        # 4) final figures, heads folder, metrics
+        # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
         save_heads(heads, module if recipe.kind == "medusa2" else None, out_dir)
         metrics = {
             "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
-            "epochs": epochs, "steps": steps, "train_examples": len(data["train"][0]),
-            "val_examples": len(data["val"][0]),
-            "train_targets_head0": sum(sum(l != IGNORE_INDEX for l in x[2:]) for x in data["train"][1]),
+            "epochs": epochs, "steps": {p: v["steps"] for p, v in parts.items()},
+            "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
+            "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()},
+            "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},
+            "batch_positions": batch_positions,
+            "train_examples": len(data["train"][0]), "val_examples": len(data["val"][0]),
+            "train_targets_head0": sum(target_positions(y) for y in data["train"][1]),
+            "val_targets_head0": sum(target_positions(y) for y in data["val"][1]),
+            "draft_vocab_size": None if draft_ids is None else len(draft_ids),
+            "draft_vocab_val_coverage": round(val_coverage, 4),
             "val_loss": round(float(final["val/loss"]), 4),
             "val_top1": {f"head{k}": round(float(final.get(f"val/top1_head{k}", float("nan"))), 4)
                          for k in range(int(h.num_heads))},
@@ -200,11 +239,16 @@ def run_train(cfg: DictConfig) -> dict:
         path = write_json(Path(cfg.paths.reports) / "metrics" / f"train_{h.name}.json", metrics)
         mlflow.log_metrics({f"final_val_top{n}_head{k}": v for n in (1, 5)
                             for k, v in enumerate(metrics[f"val_top{n}"].values())})
-        mlflow.log_metrics({"fit_time_s": metrics["fit_time_s"], "baseline_unigram_top1": metrics["baseline_unigram_top1"]})
+        mlflow.log_metrics({"fit_time_s": metrics["fit_time_s"], "baseline_unigram_top1": metrics["baseline_unigram_top1"],
+                            "draft_vocab_val_coverage": metrics["draft_vocab_val_coverage"],
+                            **{f"{p}_positions_per_s": v for p, v in metrics["train_positions_per_s"].items()},
+                            **{f"{p}_best_epoch": v for p, v in metrics["best_epoch"].items() if v is not None}})
         mlflow.log_artifacts(str(out_dir), artifact_path="heads")
         mlflow.log_artifact(str(path))
-    log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f) in %.0f s", h.name, metrics["val_top1"],
-             metrics["val_top5"], metrics["baseline_unigram_top1"], metrics["wall_time_s"])
+    log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f), best epoch %s, %s positions/s, "
+             "draft vocabulary %s (val coverage %.3f) in %.0f s", h.name, metrics["val_top1"], metrics["val_top5"],
+             metrics["baseline_unigram_top1"], metrics["best_epoch"], metrics["train_positions_per_s"],
+             metrics["draft_vocab_size"], val_coverage, metrics["wall_time_s"])
     return metrics
 
 
@@ -215,15 +259,24 @@ def is_global_zero() -> bool:
     return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
 
 
+def fit_part(module, train_loader, val_loader, ckpt_dir, fp, epochs, trainer_kwargs, logger, cbs, every):
+    """(trainer, summary of the part: steps, best epoch, val top-1 history, training positions/s)."""
+    speed = Throughput()
+    trainer, best = fit_resumable(module, train_loader, val_loader, ckpt_dir, fp, epochs, trainer_kwargs, logger,
+                                  [*cbs, speed], every)
+    return trainer, {"steps": trainer.global_step, "best_epoch": best.epoch, "history": best.history,
+                     "positions_per_s": round(speed.positions_per_s, 1)}
+
+
 def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
-    """(module, trainer, optimizer steps per part) of the recipe's family."""
+    """(module, trainer, {part: summary}) of the recipe's family."""
     if recipe.kind == "medusa2":
         return train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger,
                              cbs, every)
     module = MODULES[recipe.kind](heads, model, recipe)
-    trainer = fit_resumable(module, loader("train", shuffle=True), loader("val"), ckpt_root,
-                            fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
-    return module, trainer, {"fit": trainer.global_step}
+    trainer, part = fit_part(module, loader("train", recipe.kind), loader("val"), ckpt_root,
+                             fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
+    return module, trainer, {"fit": part}
 
 
 def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
@@ -233,23 +286,21 @@ def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs
     r, t = cfg.heads.recipe, cfg.profile.train
     stage1 = max(1, round(float(r.stage1_fraction) * epochs)) if float(r.stage1_fraction) > 0 else 0
     stage2 = max(1, epochs - stage1)
-    steps = {}
+    parts = {}
     if stage1:
         rec1 = dataclasses.replace(recipe, kind="medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
         module1 = Medusa1Module(heads, model, rec1, log_prefix="stage1/")
-        trainer1 = fit_resumable(module1, loader("train", shuffle=True), loader("val"), ckpt_root / "stage1",
-                                 fingerprint(cfg, data_key, "stage1"), stage1, trainer_kwargs, logger, cbs, every)
-        steps["stage1"] = trainer1.global_step
+        _, parts["stage1"] = fit_part(module1, loader("train", "medusa1"), loader("val"), ckpt_root / "stage1",
+                                      fingerprint(cfg, data_key, "stage1"), stage1, trainer_kwargs, logger, cbs, every)
     lora = LoraConfig(r=int(r.lora.r), lora_alpha=int(r.lora.alpha), lora_dropout=float(r.lora.dropout),
                       target_modules="all-linear", task_type="CAUSAL_LM")
     backbone = get_peft_model(model, lora)
     module = MODULES["medusa2"](heads, backbone, recipe)
     limit = t.get("joint_max_train_samples")
-    trainer = fit_resumable(module, loader("train", shuffle=True, limit=limit), loader("val"),
-                            ckpt_root / "stage2", fingerprint(cfg, data_key, "stage2"), stage2, trainer_kwargs,
-                            logger, cbs, every)
-    steps["stage2"] = trainer.global_step
-    return module, trainer, steps
+    trainer, parts["stage2"] = fit_part(module, loader("train", "medusa2", limit=limit), loader("val"),
+                                        ckpt_root / "stage2", fingerprint(cfg, data_key, "stage2"), stage2,
+                                        trainer_kwargs, logger, cbs, every)
+    return module, trainer, parts
 
 
 def save_heads(heads, medusa2_module, out_dir: Path) -> None:

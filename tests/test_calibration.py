@@ -124,9 +124,11 @@ def test_chosen_budget_maximises_tokens_per_s_on_a_synthetic_curve():
 
 # -- rank measurement on a tiny model ----------------------------------------------------------
 
-def _noisy_heads(model, family):
+def _noisy_heads(model, family, draft_ids=None):
     torch.manual_seed(0)
-    heads = build_heads(HeadsConfig.for_base(model, family=family, num_heads=3), model)
+    size = None if draft_ids is None else len(draft_ids)
+    heads = build_heads(HeadsConfig.for_base(model, family=family, num_heads=3, draft_vocab_size=size), model,
+                        draft_ids)
     with torch.no_grad():
         for p in heads.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -134,19 +136,28 @@ def _noisy_heads(model, family):
 
 
 @pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
-def test_sequence_ranks_match_brute_force(family):
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_sequence_ranks_match_brute_force(family, draft_vocab):
+    """Ranks of the base's greedy tokens in each head's top-k; with a draft vocabulary the heads rank its
+    tokens only (head_logits is -inf outside it), and a token outside it is never found."""
+    from models.draft_vocab import answer_token_counts, most_frequent
+
     model, tok = build_tiny_model(seed=1)
-    heads = _noisy_heads(model, family)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     (seq,) = greedy_continuations(model, [prompt], max_new_tokens=12)
+    draft_ids = None
+    if draft_vocab:   # the answer's tokens but its two most frequent ones, then unseen ids: 64 in all
+        counts = answer_token_counts([seq[len(prompt):]], model.config.vocab_size)
+        draft_ids = most_frequent(counts, 66)[2:]
+    heads = _noisy_heads(model, family, draft_ids)
     assert len(seq) == len(prompt) + 12
     start = len(prompt) - 1
-    K = 128   # half the tiny vocabulary: most ranks are found, so the alignment is really checked
+    K = 32 if draft_vocab else 128   # half the (draft) vocabulary: most ranks are found, so the alignment is checked
     R = sequence_ranks(model, heads, seq, start, topk=K)
     assert R.shape == (len(seq) - 1 - start, 3)
     assert ((R >= 0) & (R < K)).sum() >= 8
-    ids = torch.tensor(seq)
+    ids, outside = torch.tensor(seq), 0
     with torch.no_grad():
         for i in range(R.shape[0]):
             t = start + i
@@ -159,6 +170,10 @@ def test_sequence_ranks_match_brute_force(family):
                 truth = int(model(input_ids=ids[None, :t + d + 1]).logits[0, -1].argmax())
                 top = heads.head_logits(d - 1, h, ids[t + 1:t + d + 1]).topk(K).indices.tolist()
                 assert R[i, d - 1] == (top.index(truth) if truth in top else K)
+                if draft_ids is not None and truth not in draft_ids.tolist():
+                    assert R[i, d - 1] == K
+                    outside += 1
+    assert outside > 0 if draft_vocab else outside == 0
 
 
 # -- the stage on a tiny model -----------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Head training: loss masking, each family learns and round-trips through load_heads, Medusa-2's adapter,
-resume after an interruption, the hidden cache and the stage end to end (tiny model, synthetic data)."""
+"""Head training: loss masking, the draft vocabulary in the losses and metrics, batches (windows and length
+buckets), each family learns and round-trips through load_heads, Medusa-2's adapter, best-epoch selection,
+resume after an interruption, the recipe details, the hidden cache and the stage end to end (tiny model,
+synthetic data)."""
 from __future__ import annotations
 
 import copy
@@ -12,10 +14,11 @@ from datasets import Dataset, DatasetDict
 
 from models.base import build_tiny_model
 from models.conversations import tokenize_conversation
+from models.draft_vocab import answer_token_counts, most_frequent
+from models.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.hidden_cache import HiddenCache, cache_key
-from models.training import (IGNORE_INDEX, MODULES, HeadsDataset, Recipe, collate, fit_resumable, head_positions,
-                             resolve_precision)
+from models.training import IGNORE_INDEX, MODULES, Recipe, fit_resumable, head_positions, resolve_precision
 from pipelines.prepare import FEATURES
 
 @pytest.fixture(autouse=True)
@@ -45,16 +48,16 @@ def examples(tok, n: int, seed: int = 0):
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-def loaders(tok, model, n_train=8, n_val=4, batch_size=4, cache_dir=None):
+def loaders(tok, model, n_train=8, n_val=4, batch_positions=100, cache_dir=None):
+    """Length-bucketed conversation batches; every conversation has 25 target positions (4 per batch by default)."""
     tr, va = examples(tok, n_train, 0), examples(tok, n_val, 1)
     hid = [None, None]
     if cache_dir is not None:
-        hid = [HiddenCache.build(model, d[0], cache_dir / name, batch_size=3, shard_size=5)
+        hid = [HiddenCache.build(model, d[0], cache_dir / name, batch_tokens=200, shard_size=5)
                for name, d in (("train", tr), ("val", va))]
     pad = tok.pad_token_id
-    mk = lambda d, h, shuffle: torch.utils.data.DataLoader(HeadsDataset(*d, h), batch_size=batch_size, shuffle=shuffle,
-                                                           collate_fn=lambda x: collate(x, pad))
-    return mk(tr, hid[0], True), mk(va, hid[1], False)
+    return (conversation_loader(HeadsDataset(*tr, hid[0]), batch_positions, pad, shuffle=True, seed=0),
+            conversation_loader(HeadsDataset(*va, hid[1]), batch_positions, pad, shuffle=False))
 
 
 def make_module(kind, model, lr=1e-2):
@@ -99,7 +102,7 @@ def test_only_assistant_targets_count(kind, tiny_model):
     p = 12
     labels = torch.full_like(ids, IGNORE_INDEX)
     labels[0, p] = ids[0, p]
-    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    batch = {"input_ids": ids, "labels": labels}
     loss, per_head, _ = module.compute(batch)
     with torch.no_grad():
         base = model.get_decoder()(input_ids=ids).last_hidden_state      # [1, T, h]
@@ -122,6 +125,215 @@ def test_only_assistant_targets_count(kind, tiny_model):
     assert loss.item() == 0.0 and per_head == [None, None, None]
 
 
+def draft_heads(kind, model, draft_ids, dropout=0.0, share=True):
+    fam = FAMILY[kind]
+    config = HeadsConfig.for_base(model, fam, num_heads=3, num_layers=2 if fam == "hydra_pp" else 1, dropout=dropout,
+                                  share_lm_head=share, draft_vocab_size=len(draft_ids))
+    heads = build_heads(config, model, draft_ids)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():                                   # every weight matters, as after training
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return heads
+
+
+@pytest.mark.parametrize("kind", ["medusa1", "hydra", "hydra_pp"])
+def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_misses(kind, tiny_model):
+    """CE over the draft vocabulary on the targets inside it only; Hydra++'s teacher is the base distribution
+    restricted to the draft vocabulary; top-k hits are counted over every target."""
+    from models.training import topk_hits
+
+    model, tok = tiny_model
+    ids, labels = examples(tok, 3)
+    batch = collate([{"input_ids": torch.tensor(i), "labels": torch.tensor(y)} for i, y in zip(ids, labels)],
+                    tok.pad_token_id)
+    answer = batch["labels"][batch["labels"] != IGNORE_INDEX].unique()
+    vocab = torch.cat([answer[::2], torch.tensor([0, 1])])          # half the answer tokens are outside
+    heads = draft_heads(kind, model, vocab).eval()
+    module = MODULES[kind](heads, model, Recipe(kind=kind, **({"teacher_loss_weight": 1.0, "lm_loss_weight": 0.0}
+                                                                 if kind == "hydra_pp" else {})))
+    loss, per_head, _ = module.compute(batch)
+    with torch.no_grad():
+        base = model.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state          # [B, T, h]
+        hidden = heads.prefix_forward(base, torch.arange(base.shape[1]).expand(base.shape[:2]))
+        expected, outside = 0.0, 0
+        for k in range(3):
+            b, t, target = head_positions(batch["labels"], k)
+            path = path_tokens_of(batch["input_ids"], b, t, k) if kind != "medusa1" else None
+            full = heads.head_logits(k, hidden[b, t], path)                                 # [N, V], -inf outside
+            inside = torch.isin(target, vocab)
+            outside += int((~inside).sum())
+            if kind == "hydra_pp":
+                teacher = model.get_output_embeddings()(base[b, t + k + 1])[:, vocab].softmax(-1)   # renormalised
+                loss_k = -(teacher * full[:, vocab].log_softmax(-1)).sum(-1).mean()
+            else:
+                loss_k = torch.nn.functional.cross_entropy(full[inside], target[inside])
+            expected += 0.8 ** k * loss_k
+            _, logits, got_target = per_head[k]
+            hits = topk_hits(logits, got_target, heads.to_token_ids)
+            assert torch.equal(got_target, target)
+            assert int(hits[1]) == int((full.argmax(-1) == target).sum())          # over all N targets
+            assert int(hits[5]) == int((full.topk(5).indices == target[:, None]).any(-1).sum())
+            assert int(hits[5]) <= int(inside.sum())                              # an outside target is never hit
+    assert outside > 0
+    assert torch.allclose(loss, torch.as_tensor(expected), atol=1e-5)
+    # no target inside the draft vocabulary: no CE at all (Hydra++'s teacher term is still defined)
+    if kind != "hydra_pp":
+        never = torch.tensor([i for i in range(model.config.vocab_size) if i not in answer.tolist()][:3])
+        heads_out = draft_heads(kind, model, never)
+        loss, _, _ = MODULES[kind](heads_out, model, Recipe(kind=kind)).compute(batch)
+        assert loss.item() == 0.0
+
+
+def path_tokens_of(input_ids, b, t, k):
+    from models.training import path_tokens
+    return path_tokens(input_ids, b, t, k)
+
+
+def test_window_batches_hold_the_same_targets_as_conversation_batches(tmp_path):
+    """Random-position windows give each head the same (h_t, path, target) triples as whole conversations."""
+    model, tok = build_tiny_model(seed=0)
+    ids, labels = examples(tok, 5)
+    cache = HiddenCache.build(model, ids, tmp_path / "cache", batch_tokens=200)
+    data = HeadsDataset(ids, labels, cache)
+    heads = draft_heads("hydra", model, torch.arange(model.config.vocab_size)).eval()
+    module = MODULES["hydra"](heads, model, Recipe(kind="hydra", head_decay=1.0))
+    totals = {}
+    for name, loader in (("windows", window_loader(data, 3, batch_positions=16, pad_id=tok.pad_token_id, seed=1)),
+                         ("conversations", conversation_loader(data, 30, tok.pad_token_id, shuffle=True, seed=1))):
+        sums, counts = torch.zeros(3), torch.zeros(3)
+        for batch in loader:
+            if name == "windows":
+                assert batch["hidden"].shape[1] == 1 and batch["input_ids"].shape[1] == 3 + 2
+            _, per_head, _ = module.compute(batch)
+            for k, (loss_k, _, target) in enumerate(per_head):
+                sums[k] += loss_k * len(target)
+                counts[k] += len(target)
+        totals[name] = (sums, counts)
+    assert torch.equal(totals["windows"][1], totals["conversations"][1])
+    assert totals["windows"][1][0] == sum(target_positions(y) for y in labels)
+    assert torch.allclose(totals["windows"][0], totals["conversations"][0], rtol=1e-5)
+
+
+def test_length_batches_cover_each_conversation_once_with_similar_lengths():
+    from models.head_data import LengthBatches
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(10, 200, (40,), generator=g).tolist()
+    positions = [n // 2 for n in lengths]
+    sampler = LengthBatches(lengths, positions, batch_positions=150, shuffle=True, seed=3)
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(40))
+    ranges = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))           # length buckets do not overlap
+    full = [sum(positions[i] for i in b) >= 150 for b in batches]
+    assert sum(not f for f in full) <= 1                                             # only the last may be short
+    sampler.set_epoch(1)
+    assert list(sampler) != batches and sorted(map(sorted, sampler)) == sorted(map(sorted, batches))
+    sampler.set_epoch(0)
+    assert list(sampler) == batches                                                  # (seed, epoch) fixes the order
+
+
+class Snapshots(pl.Callback):
+    """A copy of the heads' weights at each val epoch of a fit."""
+
+    def __init__(self):
+        self.weights = []
+
+    def on_validation_epoch_end(self, trainer, module):
+        if trainer.state.fn == "fit":
+            self.weights.append({k: v.clone() for k, v in module.heads.state_dict().items()})
+
+
+def test_best_val_epoch_weights_are_kept_and_survive_a_resume(tmp_path):
+    from models.training import Medusa1Module
+
+    class ScriptedVal(Medusa1Module):                     # val top-1 of head 0: 0.2, 0.5, 0.3 by epoch
+        def validation_step(self, batch, batch_idx):
+            self.log("val/top1_head0", [0.2, 0.5, 0.3][self.current_epoch], batch_size=1)
+
+    model, tok = build_tiny_model(seed=0)
+    train, val = loaders(tok, model)
+    _, heads = make_module("medusa1", model)
+    snapshots = Snapshots()
+    _, best = fit_resumable(ScriptedVal(heads, model, Recipe(kind="medusa1", lr=1e-2)), train, val, tmp_path / "ckpt",
+                            "fp", max_epochs=3, trainer_kwargs=quiet_trainer_kwargs(), callbacks=[snapshots])
+    assert best.epoch == 2 and best.history == [0.2, 0.5, 0.3]
+    now = heads.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in snapshots.weights[1].items())          # epoch 2's weights
+    assert not all(torch.equal(now[k], v) for k, v in snapshots.weights[2].items())      # not the last epoch's
+    _, heads2 = make_module("medusa1", model)                  # the finished run started again
+    _, best2 = fit_resumable(ScriptedVal(heads2, model, Recipe(kind="medusa1", lr=1e-2)), train, val,
+                             tmp_path / "ckpt", "fp", max_epochs=3, trainer_kwargs=quiet_trainer_kwargs())
+    assert best2.epoch == 2 and all(torch.equal(heads2.state_dict()[k], v) for k, v in now.items())
+
+
+# -- recipes as in the reference code --------------------------------------------------------------
+
+
+def test_head_loss_weights_follow_each_trainer(compose_cfg):
+    """Medusa-1 0.8^k, Medusa-2 0.8^(k+1) (k from 0), Hydra and Hydra++ equal weights."""
+    from pipelines.common import apply_selection
+    from pipelines.train import make_recipe
+
+    want = {"medusa1": [1, 0.8, 0.64], "medusa2": [0.8, 0.64, 0.512], "hydra": [1, 1, 1], "hydra_pp": [1, 1, 1]}
+    for name, weights in want.items():
+        recipe = make_recipe(apply_selection(compose_cfg(f"+select.heads={name}")))
+        assert [recipe.head_weight(k) for k in range(3)] == pytest.approx(weights), name
+
+
+def test_epoch_caps_per_heads(compose_cfg):
+    """profile.train.max_epochs caps every family (a number) or each heads name (a mapping with a default)."""
+    from pipelines.common import apply_selection
+    from pipelines.train import effective_epochs
+
+    def epochs(name, *overrides):
+        return effective_epochs(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
+
+    cpu = {name: epochs(name, "profile=cpu") for name in ("medusa1", "medusa2", "hydra", "hydra_pp")}
+    assert cpu == {"medusa1": 3, "medusa2": 2, "hydra": 2, "hydra_pp": 1}
+    assert epochs("hydra_pp", "profile=paper") == 10 and epochs("medusa1", "profile=paper") == 2
+    assert epochs("hydra_pp", "profile=cpu", "profile.train.max_epochs=4") == 4
+    with pytest.raises(ValueError, match="needs a `default`"):
+        epochs("hydra", "profile=cpu", "~profile.train.max_epochs.default")
+
+
+def test_hydra_pp_drops_out_before_every_block_and_before_the_lm_head(tiny_model):
+    model, _ = tiny_model
+    heads = draft_heads("hydra_pp", model, torch.arange(model.config.vocab_size), dropout=0.5, share=False)
+    seen = []                                  # share of exact zeros in the input of each block and LM head
+    hook = lambda mod, args: seen.append(float((args[0] == 0).float().mean()))
+    for block in heads.blocks[1]:
+        block.register_forward_pre_hook(hook)
+    heads.lm_heads[1].register_forward_pre_hook(hook)
+    h, path = torch.randn(64, model.config.hidden_size), torch.randint(3, 200, (64, 2))
+    heads.train()
+    heads.draft_logits(1, h, path)
+    assert len(seen) == 2 + 1 and all(0.3 < z < 0.7 for z in seen), seen          # 2 blocks + the LM head
+    seen.clear()
+    heads.eval()
+    heads.draft_logits(1, h, path)
+    assert all(z == 0.0 for z in seen)
+
+
+def test_hydra_pp_prefix_layer_ends_in_its_own_rmsnorm(tiny_model, tmp_path):
+    model, _ = tiny_model
+    heads = draft_heads("hydra_pp", model, torch.arange(10))
+    with torch.no_grad():
+        heads.prefix_norm.weight.fill_(2.5)
+        out = heads.prefix_forward(torch.randn(2, 7, model.config.hidden_size), torch.arange(7).expand(2, 7))
+    assert torch.allclose(out.pow(2).mean(-1).sqrt(), torch.full((2, 7), 2.5), atol=1e-3)
+    # a checkpoint without the norm (the earlier layout) is refused, naming the missing weight
+    from safetensors.torch import load_file, save_file
+
+    heads.save(tmp_path / "h")
+    state = load_file(str(tmp_path / "h" / "heads.safetensors"))
+    del state["prefix_norm.weight"]
+    save_file(state, str(tmp_path / "h" / "heads.safetensors"))
+    with pytest.raises(ValueError, match="missing.*prefix_norm.weight"):
+        load_heads(tmp_path / "h", model)
+
+
 # -- each family learns and round-trips ----------------------------------------------------------
 
 
@@ -131,12 +343,14 @@ def test_family_learns_and_reloads_identically(kind, tmp_path):
     train, val = loaders(tok, model, cache_dir=tmp_path / "cache")
     module, heads = make_module(kind, model)
     before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]["val/loss"]
-    trainer = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=8,
-                            trainer_kwargs=quiet_trainer_kwargs())
-    after = trainer.validate(module, val, verbose=False)[0]
+    trainer, best = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=8,
+                                  trainer_kwargs=quiet_trainer_kwargs())
+    last_epoch = trainer.callback_metrics            # the last val epoch's (the module now holds the best epoch's)
     # Hydra++'s soft CE cannot go below the (random) teacher's entropy: a smaller drop is all there is
-    assert after["val/loss"] < (0.95 if kind == "hydra_pp" else 0.8) * before
+    assert last_epoch["val/loss"] < (0.95 if kind == "hydra_pp" else 0.8) * before
+    after = trainer.validate(module, val, verbose=False)[0]
     assert 0.0 <= after["val/top1_head0"] <= after["val/top5_head0"] <= 1.0
+    assert after["val/top1_head0"] == pytest.approx(max(best.history), abs=1e-4)
     heads.save(tmp_path / "heads")
     _, loaded = load_heads(tmp_path / "heads", model)
     heads.eval()
@@ -158,8 +372,8 @@ def test_medusa2_adapter_and_heads_load_together(tmp_path):
     reference = copy.deepcopy(model)
     train, val = loaders(tok, model, cache_dir=tmp_path / "cache")   # cached hidden = the adapters-off reference
     module, heads = make_module("medusa2", model, lr=2e-2)
-    trainer = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
-                            trainer_kwargs=quiet_trainer_kwargs())
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
+                               trainer_kwargs=quiet_trainer_kwargs())
     assert trainer.global_step == 8
     save_heads(heads, module, tmp_path / "heads")
     assert (tmp_path / "heads" / "adapter" / "adapter_config.json").is_file()
@@ -194,7 +408,7 @@ class FirstStep(pl.Callback):
 
 def test_interrupted_training_resumes_from_last_checkpoint(tmp_path):
     model, tok = build_tiny_model(seed=0)
-    train, val = loaders(tok, model, n_train=12, batch_size=2)           # 6 steps per epoch
+    train, val = loaders(tok, model, n_train=12, batch_positions=50)     # 6 steps per epoch
     module, _ = make_module("hydra", model)
     with pytest.raises(RuntimeError, match="simulated crash"):
         fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2, trainer_kwargs=quiet_trainer_kwargs(),
@@ -202,15 +416,15 @@ def test_interrupted_training_resumes_from_last_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["last.ckpt"]
     module, heads = make_module("hydra", model)                          # a fresh process would start like this
     first = FirstStep()
-    trainer = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
-                            trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
+                               trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
     assert first.global_step == 4 and trainer.global_step == 12 and trainer.current_epoch == 2
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["last.ckpt"]
     # a finished run started again resumes to its final state and trains no further
     module2, heads2 = make_module("hydra", model)
     first = FirstStep()
-    trainer = fit_resumable(module2, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
-                            trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
+    trainer, _ = fit_resumable(module2, train, val, tmp_path / "ckpt", "fp", max_epochs=2,
+                               trainer_kwargs=quiet_trainer_kwargs(), callbacks=[first], every_n_train_steps=2)
     assert first.__dict__.get("global_step") in (None, 12) and trainer.global_step == 12
     assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), heads2.state_dict().values()))
     # other settings: the checkpoint is not resumed
@@ -225,15 +439,35 @@ def test_hidden_cache_is_built_once_and_matches_the_model(tmp_path):
     model, tok = build_tiny_model(seed=0)
     ids, _ = examples(tok, 7)
     folder = tmp_path / cache_key(model, ids)
-    cache = HiddenCache.build(model, ids, folder, batch_size=3, shard_size=3)
+    cache = HiddenCache.build(model, ids, folder, batch_tokens=150, shard_size=3)
     stamps = {p: p.stat().st_mtime_ns for p in folder.glob("*.safetensors")}
     assert len(stamps) == 3
-    again = HiddenCache.build(model, ids, folder, batch_size=3, shard_size=3)
+    again = HiddenCache.build(model, ids, folder, batch_tokens=150, shard_size=3)
     assert {p: p.stat().st_mtime_ns for p in folder.glob("*.safetensors")} == stamps
     with torch.no_grad():
         ref = model.get_decoder()(input_ids=torch.tensor([ids[4]])).last_hidden_state[0]
     assert torch.allclose(cache[4], ref, atol=1e-5) and torch.equal(cache[4], again[4])
     assert cache_key(model, ids[:-1]) != cache_key(model, ids)
+
+
+def test_hidden_cache_batches_sequences_of_different_lengths_without_changing_them(tmp_path):
+    """Length-sorted batches, right-padded without a mask: every sequence's rows equal its own forward."""
+    from models.hidden_cache import length_batches
+
+    model, tok = build_tiny_model(seed=0)
+    ids = [x[:n] for x, n in zip(examples(tok, 6)[0], (52, 9, 30, 31, 17, 44))]
+    cache = HiddenCache.build(model, ids, tmp_path / "c", batch_tokens=100, shard_size=4)
+    with torch.no_grad():
+        for i, seq in enumerate(ids):
+            ref = model.get_decoder()(input_ids=torch.tensor([seq])).last_hidden_state[0]
+            assert torch.allclose(cache[i], ref, atol=1e-5), i
+    rows = torch.tensor([0, 51, 52, 60])                      # rows of the sequences laid end to end
+    assert torch.equal(cache.rows(rows), torch.cat([cache[0], cache[1]])[[0, 51, 52, 60]])
+    assert torch.equal(cache.first(2)[1], cache[1]) and len(cache.first(2)) == 2
+    lengths = [3, 5, 5, 8, 20, 30]
+    batches = length_batches(lengths, batch_tokens=16)
+    assert sum(batches, []) == list(range(6))
+    assert all(len(b) * max(lengths[i] for i in b) <= 16 or len(b) == 1 for b in batches)
 
 
 # -- the stage ------------------------------------------------------------------------------------
@@ -245,7 +479,8 @@ def stage_cfg(compose_cfg, monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
     def make(heads):
-        cfg = compose_cfg("profile=smoke", f"+select.heads={heads}", "profile.train.batch_size=4",
+        cfg = compose_cfg("profile=smoke", f"+select.heads={heads}", "profile.train.batch_positions=100",
+                          "profile.train.draft_vocab_size=64",
                           "profile.train.max_length=96", "profile.train.progress_bar=false",
                           "profile.train.log_every_n_steps=1")
         from pipelines.common import apply_selection
@@ -272,14 +507,23 @@ def test_train_stage_writes_heads_metrics_and_reuses_the_cache(stage_cfg, tmp_pa
     metrics = run_train(cfg)
     assert set(metrics["val_top1"]) == {f"head{k}" for k in range(cfg.heads.num_heads)}
     saved = json.loads((tmp_path / "reports" / "metrics" / "train_hydra_pp.json").read_text())
+    # 8 conversations of 25 target positions in batches of >= 100: 2 steps in the smoke profile's 1 epoch
     assert saved["val_top1"] == metrics["val_top1"] and saved["steps"]["fit"] == 2
-    model, _ = build_tiny_model()
+    assert saved["best_epoch"] == {"fit": 1} and saved["train_positions_per_s"]["fit"] > 0
+    assert saved["val_top1_head0_by_epoch"]["fit"] == [pytest.approx(saved["val_top1"]["head0"], abs=1e-4)]
+    assert saved["train_targets_head0"] == 8 * 25 and saved["draft_vocab_size"] == 64
+    assert 0.5 < saved["draft_vocab_val_coverage"] <= 1.0
+    model, tok = build_tiny_model()
     _, heads = load_heads(tmp_path / "results" / "heads" / "hydra_pp", model)
     assert heads.config.family == "hydra_pp" and heads.prefix_layer is not None
+    train_labels = [tokenize_conversation(tok, m, 96)[1] for m in conversations(8, 0)]
+    assert torch.equal(heads.draft_ids, most_frequent(answer_token_counts(train_labels, len(tok)), 64))
     shards = {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "cache" / "hidden").rglob("*.safetensors")}
     assert shards
     metrics = run_train(stage_cfg("medusa2"))      # stage 1 + stage 2, on the same cache
-    assert metrics["steps"] == {"stage1": 2, "stage2": 2}
+    # stage 1 on random positions: 25 + 3 windows per conversation (the 3 before the answer feed heads 1-3)
+    # in batches of 100 -> 3 steps; stage 2 on the 8 joint conversations -> 2 steps
+    assert metrics["steps"] == {"stage1": 3, "stage2": 2}
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "cache" / "hidden").rglob("*.safetensors")} == shards
     assert (tmp_path / "results" / "heads" / "medusa2" / "adapter").is_dir()
     logged = {p.relative_to(p.parents[len(p.relative_to(tmp_path / "mlruns").parts) - 4]).as_posix()
