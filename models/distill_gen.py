@@ -1,27 +1,37 @@
 """Self-distillation generation: replay the user turns of conversations through the base model.
 
-    gen = HFGenerator(model, tokenizer, GenerationSettings(max_new_tokens=96, temperature=0.3, batch_size=16))
-    convs, stats = replay_conversations(gen, tokenizer, [["Hi!", "And then?"]], max_prompt_tokens=256, seed=0)
+    gen = HFGenerator(model, tokenizer, GenerationSettings(max_new_tokens=128, temperature=0.0, batch_size=48, workers=2))
+    convs, stats = replay_conversations(gen, tokenizer, [["Hi!", "And then?"]], max_prompt_tokens=160, seed=0)
     convs[0]  # [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": <the model's answer>}, ...]
 
 Turn i of every conversation is generated in one batched call, after turn i-1 of all of them, so a
-later user turn sees the model's own earlier answers. `VLLMGenerator` has the same interface and is
-used when vLLM is installed and the profile asks for it.
+later user turn sees the model's own earlier answers. `HFGenerator` decodes with the model's own
+forward: prompts sorted by length, batches of similar lengths left-padded, one KV cache per batch
+that grows in place, and a row leaves the batch (and its cache) as soon as it ends its turn, so a
+batch costs what its longest answer costs only for the rows still writing; with workers > 1 that
+many batches run at the same time, torch on one thread each (`map_batches`). Greedy by default
+(temperature 0): the answer of a prompt is what `model.generate(do_sample=False)` gives it alone.
+`VLLMGenerator` has the same interface and is used when vLLM is installed and the profile asks for it.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
+import numpy as np
 import torch
+
+from models.kv_cache import new_cache
 
 
 @dataclass
 class GenerationSettings:
-    max_new_tokens: int = 96
-    temperature: float = 0.3      # 0 = greedy
+    max_new_tokens: int = 128
+    temperature: float = 0.0      # 0 = greedy
     top_p: float = 1.0
-    batch_size: int = 16
+    batch_size: int = 48
+    workers: int = 1              # batches decoded at the same time, each on one torch thread (see map_batches)
 
 
 @dataclass
@@ -38,38 +48,94 @@ def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
 
 
 class HFGenerator:
-    """Batched sampling with transformers' generate: prompts sorted by length, left-padded."""
+    """Batched decoding with a transformers causal LM: length-sorted batches, finished rows dropped."""
 
     def __init__(self, model, tokenizer, settings: GenerationSettings):
+        if settings.temperature < 0 or not 0 < settings.top_p <= 1:
+            raise ValueError(f"temperature={settings.temperature} must be >= 0 (0 = greedy) and top_p={settings.top_p} "
+                             "in (0, 1]")
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.device = next(model.parameters()).device
 
     @torch.no_grad()
     def __call__(self, prompts: list[list[int]], seed: int, on_batch: Callable[[int], None] | None = None
                  ) -> list[Generated]:
-        s, device = self.settings, next(self.model.parameters()).device
-        torch.manual_seed(seed)  # one seed per call: a resumed run draws the same samples for the same shard
+        s = self.settings
+        # batches of at most batch_size, as many as the workers at least, all of about the same size
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        n_batches = min(len(order), max(-(-len(order) // s.batch_size), s.workers))
+        batches = [part.tolist() for part in np.array_split(order, n_batches)] if order else []
+
+        def decode(k: int) -> list[Generated]:
+            # one generator per (call, batch): a resumed run draws the same samples for the same shard
+            rng = (torch.Generator(device=self.device).manual_seed(seed * 100_003 + k) if s.temperature > 0
+                   else None)
+            return self.decode_batch([prompts[i] for i in batches[k]], rng)
+
         results: list[Generated | None] = [None] * len(prompts)
-        for b in range(0, len(order), s.batch_size):
-            idx = order[b:b + s.batch_size]
-            width = max(len(prompts[i]) for i in idx)
-            ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)       # [B, T] left-padded
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                mask[row, width - len(prompts[i]):] = 1
-            sample = s.temperature > 0
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=s.max_new_tokens,
-                do_sample=sample, temperature=s.temperature if sample else None, top_p=s.top_p if sample else None,
-                top_k=None, eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id)  # [B, T + new]
-            for row, i in enumerate(idx):
-                results[i] = strip_at_eos(out[row, width:].tolist(), self.eos_ids)
+        for idx, generated in zip(batches, map_batches(decode, range(len(batches)), s.workers)):
+            for i, g in zip(idx, generated):
+                results[i] = g
             if on_batch:
                 on_batch(len(idx))
         return results
+
+    @torch.no_grad()
+    def decode_batch(self, prompts: list[list[int]], rng: torch.Generator | None) -> list[Generated]:
+        """One batch: prefill the left-padded prompts, then one token per step for the rows still writing."""
+        s, dev = self.settings, self.device
+        # 1) prefill: [B, W] left-padded; position ids count each row's own tokens only
+        B, W = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, W), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, W - len(p):] = torch.tensor(p)
+            mask[row, W - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)                                    # [B, W]
+        cache = new_cache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1]                 # [B, V]
+        next_pos = positions[:, -1] + 1                                                    # [b]
+        rows = list(range(B))                  # prompt index of each row still in the batch
+        new: list[list[int]] = [[] for _ in prompts]
+        finished = [False] * B
+        # 2) decode: pick, record, drop the rows that ended their turn, step the others
+        for step in range(s.max_new_tokens):
+            tokens = self.pick(logits, rng)                                                # [b]
+            keep = []
+            for j, (r, tok) in enumerate(zip(rows, tokens.tolist())):
+                if tok in self.eos_ids:
+                    finished[r] = True
+                else:
+                    new[r].append(tok)
+                    keep.append(j)
+            if not keep or step == s.max_new_tokens - 1:
+                break
+            if len(keep) < len(rows):
+                sel = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(sel)
+                rows = [rows[j] for j in keep]
+                tokens, mask, next_pos = tokens[sel], mask[sel], next_pos[sel]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)                 # [b, W + step + 1]
+            logits = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            next_pos = next_pos + 1
+        return [Generated(new[r], finished[r]) for r in range(B)]
+
+    def pick(self, logits: torch.Tensor, rng: torch.Generator | None) -> torch.Tensor:
+        """logits [b, V] -> next tokens [b]: argmax, or a sample at the temperature within top_p."""
+        s = self.settings
+        if s.temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float() / s.temperature, dim=-1)                     # [b, V]
+        if s.top_p < 1:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_p.cumsum(-1) - sorted_p >= s.top_p                            # the top token always stays
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+        return torch.multinomial(probs, 1, generator=rng).squeeze(1)
 
 
 class VLLMGenerator:
@@ -92,6 +158,22 @@ class VLLMGenerator:
         if on_batch:
             on_batch(len(prompts))
         return [strip_at_eos(list(o.outputs[0].token_ids), self.eos_ids) for o in outs]
+
+
+def map_batches(fn: Callable, items: Iterable, workers: int) -> Iterator:
+    """fn(item) for each item, in order. workers > 1: that many items at a time in threads, torch on one
+    thread each (on a 2-core CPU two single-threaded batches beat one batch on two threads: no thread
+    barrier in each of the many small ops of a step, and no stall when another process takes a core)."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            yield from pool.map(fn, items)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def vllm_available() -> bool:
