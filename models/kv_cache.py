@@ -70,6 +70,12 @@ class GrowingLayer(DynamicLayer):
         self._v[:, :, past:past + m] = self._v[:, :, past + src]
         self._set_length(past + m)
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows `indices` (transformers' Cache API; batched generation drops finished rows)."""
+        if self.is_initialized and self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._set_length(self.length)
+
     def reset(self) -> None:
         super().reset()
         self.length, self._k, self._v = 0, None, None
