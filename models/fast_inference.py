@@ -19,6 +19,7 @@ they do not apply (gradients on, another device or dtype, no mask, no grouped he
 from __future__ import annotations
 
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 GQA_FOLDED = "sdpa_gqa_folded"
-PACKED_ATTR = "_packed_weight"
+# Linear -> ((weight data_ptr, version), packed weight). Kept outside the modules: a deep copy of a prepared
+# model (the Hydra++ prefix layer is one) must not copy oneDNN's opaque tensors; the copy falls back to F.linear.
+_PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
 # -- 1) prepacked linears ------------------------------------------------------------------------
@@ -36,10 +39,14 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def is_packed(module) -> bool:
+    return module in _PACKED
+
+
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    key, packed = getattr(self, PACKED_ATTR)
+    key, packed = _PACKED.get(self, (None, None))
     w = self.weight
-    if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or key != (w.data_ptr(), w._version):
+    if packed is None or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or key != (w.data_ptr(), w._version):
         return F.linear(x, w, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
 
@@ -53,7 +60,7 @@ def pack_linears(model: nn.Module) -> int:
         w = getattr(module, "weight", None)
         if type(module) is not nn.Linear or w.device.type != "cpu" or w.dtype != torch.float32:
             continue
-        setattr(module, PACKED_ATTR, ((w.data_ptr(), w._version), torch.ops.mkldnn._reorder_linear_weight(w.detach())))
+        _PACKED[module] = ((w.data_ptr(), w._version), torch.ops.mkldnn._reorder_linear_weight(w.detach()))
         module.forward = types.MethodType(_packed_forward, module)
         n += 1
     return n
@@ -61,8 +68,8 @@ def pack_linears(model: nn.Module) -> int:
 
 def unpack_linears(model: nn.Module) -> None:
     for module in model.modules():
-        if hasattr(module, PACKED_ATTR):
-            delattr(module, PACKED_ATTR)
+        if "forward" in vars(module) and getattr(module.forward, "__func__", None) is _packed_forward:
+            _PACKED.pop(module, None)
             del module.forward                      # the class's forward again
 
 

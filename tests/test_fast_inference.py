@@ -9,7 +9,9 @@ import torch
 
 from models.base import build_tiny_model
 from models.decoding import generate, verify_tree
-from models.fast_inference import GQA_FOLDED, PACKED_ATTR, pack_linears, prepare_for_decoding, unpack_linears
+import copy
+
+from models.fast_inference import GQA_FOLDED, is_packed, pack_linears, prepare_for_decoding, unpack_linears
 from models.kv_cache import new_cache
 from models.trees import TreeBuffers, TreeSpec, chain_tree
 
@@ -55,12 +57,16 @@ def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
 def test_packed_linear_steps_aside_for_training_and_changed_weights(tiny_model):
     model, _ = tiny_model
     lin = model.get_decoder().layers[0].mlp.up_proj
-    assert pack_linears(model) > 0 and hasattr(lin, PACKED_ATTR)
+    assert pack_linears(model) > 0 and is_packed(lin)
     x = torch.randn(3, lin.in_features, requires_grad=True)
     lin(x).sum().backward()                            # autograd path: F.linear, gradients reach the weight
     assert lin.weight.grad is not None and x.grad is not None
     with torch.no_grad():
         lin.weight.mul_(2.0)                           # weights changed after packing: the stale copy is not used
         torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    twin = copy.deepcopy(model)                        # a prepared model deep-copies (Hydra++ copies a layer)
+    twin_lin = twin.get_decoder().layers[0].mlp.up_proj
+    with torch.no_grad():
+        torch.testing.assert_close(twin_lin(x), lin(x))
     unpack_linears(model)
-    assert not hasattr(lin, PACKED_ATTR) and "forward" not in vars(lin)
+    assert not is_packed(lin) and "forward" not in vars(lin)
