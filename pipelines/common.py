@@ -112,3 +112,9 @@ def load_model(cfg: DictConfig, device: str = "cpu"):
     tiny = OmegaConf.to_container(cfg.model.tiny) if cfg.model.tiny else None
     return load_base_model(cfg.model.source, dtype=cfg.model.dtype, device=device,
                            chat_template=cfg.model.chat_template, tiny=tiny)
+
+
+def heads_options() -> list[str]:
+    """The head configs in conf/heads/ that have heads (every one but `none`)."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / "heads").glob("*.yaml")
+                  if OmegaConf.load(p).get("family") != "none")

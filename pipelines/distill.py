@@ -6,7 +6,7 @@ Training data for the heads, in the base model's own words, from two sources (`s
     assistant turns (a later user turn sees the model's earlier answers). Train and val rows.
   - relabel: more prepared TRAIN conversations run teacher-forced through the base model (no
     generation); each assistant label becomes the model's own argmax for that token, the input_ids
-    stay ShareGPT's (models/relabel.py). Train rows only: val, what the heads are measured on, stays
+    stay ShareGPT's (models/data/relabel.py). Train rows only: val, what the heads are measured on, stays
     self-distilled. No conversation is in both sources.
   1) pick the work. self: the first conversations of each prepared split whose first prompt fits
      (profile.distill.num_conversations in all, val_conversations of them from val), ordered by
@@ -39,10 +39,10 @@ from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from models.conversations import IGNORE_INDEX, tokenize_conversations
-from models.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
+from models.data.conversations import IGNORE_INDEX, tokenize_conversations
+from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
                                 vllm_available)
-from models.relabel import relabel_conversations
+from models.data.relabel import relabel_conversations
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
@@ -178,12 +178,22 @@ class ShardStore:
         write_json(self.folder / "manifest.json", self.manifest)
 
 
+def dataset_digest(ds) -> str:
+    """sha256 of a saved dataset's Arrow files (its public cache_files): what the shards were made from."""
+    h = hashlib.sha256()
+    for entry in ds.cache_files:
+        with open(entry["filename"], "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def fingerprint_of(cfg: DictConfig, prepared: DatasetDict, keys: tuple[str, ...], **extra) -> tuple[str, dict]:
     d = OmegaConf.to_container(cfg.profile.distill, resolve=True)
     settings = {k: d.get(k) for k in keys}
     settings.update(model=cfg.model.name, source=str(cfg.model.source), dtype=cfg.model.dtype, seed=int(cfg.seed),
                     chat_template=cfg.model.chat_template,
-                    prepared={s: prepared[s]._fingerprint for s in SPLITS if s in prepared}, **extra)
+                    prepared={s: dataset_digest(prepared[s]) for s in SPLITS if s in prepared}, **extra)
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
 

@@ -3,7 +3,7 @@
 MT-Bench speed evaluation at batch size 1, every method in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
   <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree
-  pld                      prompt lookup decoding in our decoder (models/prompt_lookup.py): the same
+  pld                      prompt lookup decoding in our decoder (models/engine/prompt_lookup.py): the same
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
                            (eval.prompt_lookup.pld_hf); a method beats prompt lookup if it beats both
@@ -20,7 +20,7 @@ Protocol (REFERENCE.md section 4): profile.eval.turns turns per question (turn 2
 the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
 eval.temperature_mode=category; for each question the methods run back to back, their order rotated
 from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs. Every
-turn records its prefill and decode time: speedups end to end and decode-only (models/benchmark.py).
+turn records its prefill and decode time: speedups end to end and decode-only (models/measure/benchmark.py).
 In the full run (eval.methods=all) a tree in profile.eval.tree_questions runs on that many of the
 questions only (spread over the categories; its speedups are over those questions, the tables say so).
 Outputs in results/eval/<tag>/: <method>.json (settings, summary, every turn record), summary.json
@@ -40,14 +40,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from models.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
+from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
                               load_questions, prompt_lookup_generate, rotated, speedup_on_questions_of, spread,
                               summarize_method)
-from models.decoding import SamplingConfig, generate
-from models.fast_inference import prepare_for_decoding
+from models.engine.decoding import SamplingConfig, generate
+from models.engine.fast_inference import prepare_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
-from models.prompt_lookup import PromptLookupDrafter
-from models.trees import TreeSpec, tree_from_config
+from models.engine.prompt_lookup import PromptLookupDrafter
+from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
 
 METHOD_MODES = ("auto", "all", "selected")

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.decoding import SamplingConfig, generate
-from models.fast_inference import prepare_for_decoding
+from models.engine.decoding import SamplingConfig, generate
+from models.engine.fast_inference import prepare_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
-from models.trees import tree_from_config
+from models.engine.trees import tree_from_config
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
 GREEN, RESET = "\033[32m", "\033[0m"

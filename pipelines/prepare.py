@@ -21,8 +21,8 @@ from datasets import Dataset, DatasetDict, Features, List, Value
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from models.conversations import IGNORE_INDEX, clean_record, tokenize_conversations
-from models.sharegpt import ReadStats, iter_json_array
+from models.data.conversations import IGNORE_INDEX, clean_record, tokenize_conversations
+from models.data.sharegpt import ReadStats, iter_json_array
 from pipelines.common import log, mlflow_run, stage, write_json
 
 BATCH = 256  # conversations tokenised per call

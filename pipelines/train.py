@@ -8,12 +8,12 @@ it against the rest of the config):
   1) data: the distilled conversations (profile.train.data=distilled, default) or the prepared ones,
      cut to profile.train.max_length; only assistant tokens are targets
   2) draft vocabulary: the profile.train.draft_vocab_size most frequent answer tokens of the train
-     split (models/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
+     split (models/heads/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
   3) frozen-backbone families: the base hidden states of all examples, computed once into
      results/cache/hidden/<model>/<key>/ (key = model + data + lengths) and reused by every family
      and epoch (profile.train.hidden_cache)
-  4) fit the family's LightningModule (models/training.py) for up to the effective epochs on batches
-     of about profile.train.batch_positions target positions (models/head_data.py: random positions
+  4) fit the family's LightningModule (models/heads/training.py) for up to the effective epochs on batches
+     of about profile.train.batch_positions target positions (models/heads/head_data.py: random positions
      for Medusa/Hydra on the cache, length-bucketed conversations otherwise), resuming from
      results/checkpoints/<heads>/last.ckpt when it was written for the same settings, and keep the
      weights of the val epoch with the best head-0 top-1;
@@ -40,20 +40,19 @@ from datasets import load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
-from models.draft_vocab import answer_token_counts, coverage, most_frequent
-from models.head_data import HeadsDataset, conversation_loader, target_positions, window_loader
+from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
+from models.heads.head_data import HeadsDataset, conversation_loader, target_positions, window_loader
+from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
-from models.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, resolve_precision
-from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
+from models.heads.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, resolve_precision
+from pipelines.deps import import_closure
+from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 
-# Recipe keys the stage reads itself (the rest configure models.training.Recipe).
+# Recipe keys the stage reads itself (the rest configure models.heads.training.Recipe).
 STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
 # profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
 RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_tokens")
-CODE_FILES = ("models/training.py", "models/heads.py", "models/hidden_cache.py", "models/head_data.py",
-              "models/draft_vocab.py", "pipelines/train.py")
-WINDOW_KINDS = ("medusa1", "hydra")   # heads that read one position each: trained on random positions
 
 
 def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
@@ -100,7 +99,7 @@ def effective_epochs(cfg: DictConfig) -> int:
 
 def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
     """What a checkpoint must match to be resumed: settings, data and the training code."""
-    code = hashlib.sha256(b"".join((REPO_ROOT / f).read_bytes() for f in CODE_FILES)).hexdigest()
+    code = hashlib.sha256(b"".join((REPO_ROOT / f).read_bytes() for f in import_closure("pipelines.train"))).hexdigest()
     items = {"heads": OmegaConf.to_container(cfg.heads, resolve=True),
              "train": {k: v for k, v in OmegaConf.to_container(cfg.profile.train, resolve=True).items()
                        if k not in RUNTIME_KEYS},
@@ -142,8 +141,12 @@ def run_train(cfg: DictConfig) -> dict:
     """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
     t0, t, h = time.time(), cfg.profile.train, cfg.heads
     if h.family == "none":
-        raise ValueError("heads=none has nothing to train; use heads=medusa1|medusa2|hydra|hydra_pp")
+        raise ValueError(f"heads=none has nothing to train; use heads=<one of {heads_options()}>")
     recipe = make_recipe(cfg)
+    family = get_family(h.family)
+    if recipe.kind not in family.recipes:
+        raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
+                         f"it takes {list(family.recipes)}")
     if t.get("num_threads"):
         torch.set_num_threads(int(t.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
@@ -181,7 +184,8 @@ def run_train(cfg: DictConfig) -> dict:
         n = min(len(ids), limit or len(ids))
         cached = None if hidden[split] is None else hidden[split].first(n)
         ds = HeadsDataset(ids[:n], labels[:n], cached)
-        if split == "train" and kind in WINDOW_KINDS and cached is not None:
+        # heads that read one position each (family.window_recipes) train on random positions of the cache
+        if split == "train" and kind in family.window_recipes and cached is not None:
             return window_loader(ds, int(h.num_heads), batch_positions, pad, seed=int(cfg.seed))
         return conversation_loader(ds, batch_positions, pad, shuffle=split == "train", seed=int(cfg.seed))
 
@@ -191,7 +195,7 @@ def run_train(cfg: DictConfig) -> dict:
                       "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
                       "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
                       "enable_progress_bar": bool(t.get("progress_bar", True)),
-                      "use_distributed_sampler": False}   # models/head_data.py's samplers split batches by rank
+                      "use_distributed_sampler": False}   # models/heads/head_data.py's samplers split batches by rank
     ckpt_root = Path(cfg.paths.results) / "checkpoints" / h.name
     epochs = effective_epochs(cfg)
     every = t.get("checkpoint_every_n_steps")
@@ -215,7 +219,7 @@ def run_train(cfg: DictConfig) -> dict:
         t_fit = time.time() - t_fit
         # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
-        save_heads(heads, module if recipe.kind == "medusa2" else None, out_dir)
+        save_heads(heads, module if module.joint_backbone else None, out_dir)
         metrics = {
             "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
             "epochs": epochs, "steps": {p: v["steps"] for p, v in parts.items()},
@@ -270,7 +274,7 @@ def fit_part(module, train_loader, val_loader, ckpt_dir, fp, epochs, trainer_kwa
 
 def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
     """(module, trainer, {part: summary}) of the recipe's family."""
-    if recipe.kind == "medusa2":
+    if MODULES[recipe.kind].joint_backbone:
         return train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger,
                              cbs, every)
     module = MODULES[recipe.kind](heads, model, recipe)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.base import build_tiny_model
-from models.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
+from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
                                 greedy_tree, interpolate_cost, predicted_accept_length, predicted_tokens_per_s,
                                 replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
                                 top1_unconditional)
@@ -140,7 +140,7 @@ def _noisy_heads(model, family, draft_ids=None):
 def test_sequence_ranks_match_brute_force(family, draft_vocab):
     """Ranks of the base's greedy tokens in each head's top-k; with a draft vocabulary the heads rank its
     tokens only (head_logits is -inf outside it), and a token outside it is never found."""
-    from models.draft_vocab import answer_token_counts, most_frequent
+    from models.heads.draft_vocab import answer_token_counts, most_frequent
 
     model, tok = build_tiny_model(seed=1)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
@@ -213,7 +213,7 @@ def _write_tiny_distilled(folder, tok):
 def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation):
     import json
 
-    from models.trees import tree_from_config
+    from models.engine.trees import tree_from_config
     from pipelines.calibrate import calibrate
 
     cfg = _tiny_stage_config(tmp_path, heads_name)
@@ -271,8 +271,8 @@ def _fit_heads(model, heads, seqs, starts, steps=5, lr=1e-2):
 def test_replayed_steps_match_the_decoder(family, lr):
     """The calibration's definition of acceptance is the decoder's: on the base's greedy continuation,
     replaying the measured ranks through a tree gives the decoder's own tokens per step."""
-    from models.decoding import generate
-    from models.trees import TreeSpec
+    from models.engine.decoding import generate
+    from models.engine.trees import TreeSpec
 
     torch.manual_seed(0)
     model, tok = build_tiny_model(seed=1)

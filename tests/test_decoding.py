@@ -3,7 +3,7 @@
 Heads: (a) random (almost nothing accepted) and (b) oracles that propose the baseline's own
 continuation (nearly everything accepted); tiny llama / mistral / qwen2 models; chain4, dense
 and sparse64 trees; stop rules inside an accepted run; the context limit; the KV pruning.
-Prompt lookup (models/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
+Prompt lookup (models/engine/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
 equality through the same decode step, its stop rules, lossless sampling with deterministic drafts.
 """
 import pytest
@@ -13,12 +13,12 @@ from torch import nn
 from transformers import DynamicCache
 
 from models.base import build_tiny_model
-from models.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
-from models.drafting import Drafter
+from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
+from models.engine.drafting import Drafter
 from models.heads import HeadsConfig, build_heads
-from models.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
-from models.prompt_lookup import NgramIndex, PromptLookupDrafter
-from models.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
+from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
+from models.engine.prompt_lookup import NgramIndex, PromptLookupDrafter
+from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
 
@@ -435,4 +435,33 @@ def test_decode_step_drives_a_loop_by_hand():
             lengths.append(len(tokens))
             assert state.cache.get_seq_length() == state.past == len(ids) + len(got) - 1
     assert got == want.new_tokens and lengths == want.accept_lengths
-    assert set(state.timings) == {"draft", "verify", "accept", "commit"} and state.timings["verify"] > 0
+    assert set(state.timings) == {"draft", "verify", "lm_head", "accept", "commit"} and state.timings["verify"] > 0
+    assert 0 < state.timings["lm_head"] < state.timings["verify"]
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra_pp"])
+def test_time_step_rewinds_state_and_drafter(family):
+    """time_step (calibration's and the latency profile's timer) takes real steps and rewinds them: decoding
+    after it emits what it would have emitted without it, and each repeat took the same step."""
+    from models.engine.decoding import TreeDrafter, time_step
+    from models.engine.trees import tree_from_config
+
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = cyclic_prompt(model, tok)
+    heads = build_heads(HeadsConfig.for_base(model, family, 3, 1), model).eval()
+    tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 0, 0]]})
+    want = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=12, stop_token_ids=[])
+    with torch.inference_mode():
+        drafter = TreeDrafter(heads, tree, SamplingConfig())
+        state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
+        got = [state.root]
+        tokens, _ = decode_step(state, drafter, max_depth=3)
+        got += tokens
+        past, root, length = state.past, state.root, state.cache.get_seq_length()
+        parts = time_step(state, drafter, max_depth=3, repeats=3)
+        assert len(parts) == 3 and all(p["step"] > 0 and p["verify"] >= p["lm_head"] > 0 for p in parts)
+        assert (state.past, state.root, state.cache.get_seq_length()) == (past, root, length)
+        while len(got) < 12:
+            tokens, _ = decode_step(state, drafter, max_depth=min(3, 12 - len(got) - 1))
+            got += tokens
+    assert got[:12] == want.new_tokens

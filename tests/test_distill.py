@@ -9,9 +9,9 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from models.conversations import IGNORE_INDEX, tokenize_conversation
-from models.distill_gen import GenerationSettings, Generated, HFGenerator, chat_prompt, replay_conversations
-from models.relabel import relabel_conversations
+from models.data.conversations import IGNORE_INDEX, tokenize_conversation
+from models.data.distill_gen import GenerationSettings, Generated, HFGenerator, chat_prompt, replay_conversations
+from models.data.relabel import relabel_conversations
 from pipelines import distill
 from pipelines.prepare import FEATURES
 

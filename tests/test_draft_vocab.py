@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.acceptance import SamplingConfig, warp_probs
+from models.engine.acceptance import SamplingConfig, warp_probs
 from models.base import build_tiny_model
-from models.decoding import generate
-from models.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
-from models.drafting import Drafter
+from models.engine.decoding import generate
+from models.heads.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
+from models.engine.drafting import Drafter
 from models.heads import HeadsConfig, build_heads, load_heads
-from models.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
+from models.engine.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
 FAMILIES = ("medusa", "hydra", "hydra_pp")

@@ -9,8 +9,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from models.base import build_tiny_model
-from models.decoding import generate
-from models.benchmark import (Question, TurnRecord, chat_input_ids, first_difference, load_questions,
+from models.engine.decoding import generate
+from models.measure.benchmark import (Question, TurnRecord, chat_input_ids, first_difference, load_questions,
                               prompt_lookup_generate, rotated, speedup, speedup_on_questions_of, spread,
                               summarize_method)
 from models.heads import HeadsConfig, build_heads

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from models.base import build_tiny_model
-from models.decoding import generate, verify_tree
+from models.engine.decoding import generate, verify_tree
 import copy
 
-from models.fast_inference import GQA_FOLDED, is_packed, pack_linears, prepare_for_decoding, unpack_linears
-from models.kv_cache import new_cache
-from models.trees import TreeBuffers, TreeSpec, chain_tree
+from models.engine.fast_inference import GQA_FOLDED, is_packed, pack_linears, prepare_for_decoding, unpack_linears
+from models.engine.kv_cache import new_cache
+from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
 TREES = [chain_tree(5, topk=2), TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)]
 

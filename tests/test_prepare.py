@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
-from models.conversations import (IGNORE_INDEX, assistant_spans, clean_record, tokenize_conversation,
+from models.data.conversations import (IGNORE_INDEX, assistant_spans, clean_record, tokenize_conversation,
                                   tokenize_conversations)
 from pipelines.prepare import run_prepare, split_groups
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from models import acceptance
-from models.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
+from models.engine import acceptance
+from models.engine.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
 from models.base import build_tiny_model
-from models.decoding import generate
+from models.engine.decoding import generate
 from models.heads import HeadsConfig
-from models.trees import TreeBuffers, dense_tree
+from models.engine.trees import TreeBuffers, dense_tree
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -179,7 +179,7 @@ def test_expected_outcomes_sum_to_one(tiny_setup):
 @pytest.mark.parametrize("family", ["medusa", "hydra"])
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
-    from models.drafting import Drafter
+    from models.engine.drafting import Drafter
     from models.heads import build_heads
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)

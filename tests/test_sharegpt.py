@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from models.sharegpt import ReadStats, iter_json_array
+from models.data.sharegpt import ReadStats, iter_json_array
 
 REAL_FILE = Path(__file__).resolve().parent.parent / "artifacts/raw/ShareGPT_V3_unfiltered_cleaned_split.json"
 
@@ -33,10 +33,10 @@ def build(recs: list[dict]) -> tuple[bytes, list[int], list[int]]:
 
 def read(path, caplog, **kw) -> tuple[list, ReadStats, list[logging.LogRecord]]:
     stats = ReadStats()
-    with caplog.at_level(logging.WARNING, logger="models.sharegpt"):
+    with caplog.at_level(logging.WARNING, logger="models.data.sharegpt"):
         caplog.clear()
         out = list(iter_json_array(path, stats, **kw))
-    return out, stats, [r for r in caplog.records if r.name == "models.sharegpt"]
+    return out, stats, [r for r in caplog.records if r.name == "models.data.sharegpt"]
 
 
 # name -> (cut offset, first record lost, byte offset of the break) from (data, starts, ends)
@@ -111,9 +111,9 @@ def test_bad_json_never_raises(tmp_path, caplog, text, n, reason):
 def test_real_sharegpt_file(caplog, smollm_dir):  # smollm_dir: builds the assets when missing
     out_count = 0
     stats = ReadStats()
-    with caplog.at_level(logging.WARNING, logger="models.sharegpt"):
+    with caplog.at_level(logging.WARNING, logger="models.data.sharegpt"):
         for _ in iter_json_array(REAL_FILE, stats):
             out_count += 1
     assert out_count == stats.records_recovered == 17671
     assert stats.truncated_at_byte == 125506645 and stats.break_reason == "cut off inside a record"
-    assert len([r for r in caplog.records if r.name == "models.sharegpt"]) == 1
+    assert len([r for r in caplog.records if r.name == "models.data.sharegpt"]) == 1

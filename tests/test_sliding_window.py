@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from models.base import build_tiny_model
-from models.decoding import generate, verify_masks
-from models.trees import TreeBuffers, chain_tree
+from models.engine.decoding import generate, verify_masks
+from models.engine.trees import TreeBuffers, chain_tree
 from tests.test_decoding import FAMILIES, TREES, random_heads
 
 WINDOW = 24

@@ -11,14 +11,16 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from datasets import Dataset, DatasetDict
+from omegaconf import OmegaConf
+from torch import nn
 
 from models.base import build_tiny_model
-from models.conversations import tokenize_conversation
-from models.draft_vocab import answer_token_counts, most_frequent
-from models.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
+from models.data.conversations import tokenize_conversation
+from models.heads.draft_vocab import answer_token_counts, most_frequent
+from models.heads.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
 from models.heads import HeadsConfig, build_heads, load_heads
-from models.hidden_cache import HiddenCache, cache_key
-from models.training import IGNORE_INDEX, MODULES, Recipe, fit_resumable, head_positions, resolve_precision
+from models.heads.hidden_cache import HiddenCache, cache_key
+from models.heads.training import IGNORE_INDEX, MODULES, Recipe, fit_resumable, head_positions, resolve_precision
 from pipelines.prepare import FEATURES
 
 @pytest.fixture(autouse=True)
@@ -141,7 +143,7 @@ def draft_heads(kind, model, draft_ids, dropout=0.0, share=True):
 def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_misses(kind, tiny_model):
     """CE over the draft vocabulary on the targets inside it only; Hydra++'s teacher is the base distribution
     restricted to the draft vocabulary; top-k hits are counted over every target."""
-    from models.training import topk_hits
+    from models.heads.training import topk_hits
 
     model, tok = tiny_model
     ids, labels = examples(tok, 3)
@@ -186,7 +188,7 @@ def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_m
 
 
 def path_tokens_of(input_ids, b, t, k):
-    from models.training import path_tokens
+    from models.heads.training import path_tokens
     return path_tokens(input_ids, b, t, k)
 
 
@@ -216,7 +218,7 @@ def test_window_batches_hold_the_same_targets_as_conversation_batches(tmp_path):
 
 
 def test_length_batches_cover_each_conversation_once_with_similar_lengths():
-    from models.head_data import LengthBatches
+    from models.heads.head_data import LengthBatches
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(10, 200, (40,), generator=g).tolist()
@@ -246,7 +248,7 @@ class Snapshots(pl.Callback):
 
 
 def test_best_val_epoch_weights_are_kept_and_survive_a_resume(tmp_path):
-    from models.training import Medusa1Module
+    from models.heads.training import Medusa1Module
 
     class ScriptedVal(Medusa1Module):                     # val top-1 of head 0: 0.2, 0.5, 0.3 by epoch
         def validation_step(self, batch, batch_idx):
@@ -291,7 +293,7 @@ def test_epoch_caps_per_heads(compose_cfg):
         return effective_epochs(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
 
     cpu = {name: epochs(name, "profile=cpu") for name in ("medusa1", "medusa2", "hydra", "hydra_pp")}
-    assert cpu == {"medusa1": 3, "medusa2": 2, "hydra": 2, "hydra_pp": 1}
+    assert cpu == {"medusa1": 3, "medusa2": 2, "hydra": 4, "hydra_pp": 5}
     assert epochs("hydra_pp", "profile=paper") == 10 and epochs("medusa1", "profile=paper") == 2
     assert epochs("hydra_pp", "profile=cpu", "profile.train.max_epochs=4") == 4
     with pytest.raises(ValueError, match="needs a `default`"):
@@ -452,7 +454,7 @@ def test_hidden_cache_is_built_once_and_matches_the_model(tmp_path):
 
 def test_hidden_cache_batches_sequences_of_different_lengths_without_changing_them(tmp_path):
     """Length-sorted batches, right-padded without a mask: every sequence's rows equal its own forward."""
-    from models.hidden_cache import length_batches
+    from models.heads.hidden_cache import length_batches
 
     model, tok = build_tiny_model(seed=0)
     ids = [x[:n] for x, n in zip(examples(tok, 6)[0], (52, 9, 30, 31, 17, 44))]
@@ -541,3 +543,61 @@ def test_auto_precision_uses_bf16_only_where_the_hardware_has_it():
     assert resolve_precision("auto", "cpu", cpuinfo=avx2) == "32-true"
     assert resolve_precision("auto", "gpu", cpuinfo=avx2) == "bf16-mixed"
     assert resolve_precision("16-mixed", "cpu", cpuinfo=amx) == "16-mixed"  # an explicit choice is kept
+
+
+# -- the family registry ---------------------------------------------------------------------------
+
+
+def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
+    """A family that reads h_t and the parent token only (not the whole path, as Hydra does): registered by one
+    class, described by one conf/heads YAML; it trains through the stage, saves, reloads and decodes losslessly."""
+    from omegaconf import open_dict
+
+    from models.engine.decoding import generate
+    from models.engine.trees import tree_from_config
+    from models.heads.families import FAMILIES, Hydra, HydraInputBlock, register_family
+    from pipelines.train import run_train
+
+    @register_family
+    class ParentToken(Hydra):
+        name = "parent_token"
+
+        def build_blocks(self, hidden, num_heads, num_layers):
+            return nn.ModuleList([nn.Sequential(HydraInputBlock(hidden, 2)) for _ in range(num_heads)])
+
+        def head_input(self, k, hidden, path_tokens, embed):
+            return torch.cat([hidden, embed(path_tokens[..., -1]).to(hidden.dtype)], dim=-1)
+
+    try:
+        (tmp_path / "parent_token.yaml").write_text(
+            "name: parent_token\nfamily: parent_token\nnum_heads: 3\nnum_layers: 1\ndropout: 0.0\n"
+            "share_lm_head: true\nrecipe: {kind: hydra, lr: 1.0e-3, head_decay: 1.0}\n")
+        cfg = stage_cfg("hydra")
+        with open_dict(cfg):
+            cfg.heads = OmegaConf.load(tmp_path / "parent_token.yaml")
+        metrics = run_train(cfg)
+        assert metrics["family"] == "parent_token" and set(metrics["val_top1"]) == {"head0", "head1", "head2"}
+        model, tok = build_tiny_model()
+        model, heads = load_heads(tmp_path / "results" / "heads" / "parent_token", model)
+        assert isinstance(heads.family, ParentToken) and heads.blocks[2][0].linear.in_features == 2 * 64
+        tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
+        ids = tok("<|im_start|>user\ncount: 1 2 3 4 5 6<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+        want = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+        got = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=24, stop_token_ids=[])
+        assert got.new_tokens == want.new_tokens and got.steps <= want.steps
+        bad = OmegaConf.load(tmp_path / "parent_token.yaml")
+        bad.recipe.kind = "medusa2"
+        with open_dict(cfg):
+            cfg.heads = bad
+        with pytest.raises(ValueError, match="does not train the 'parent_token' family"):
+            run_train(cfg)
+    finally:
+        FAMILIES.pop("parent_token", None)
+
+
+def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
+    model, _ = tiny_model
+    with pytest.raises(ValueError, match=r"heads family 'medusa3' is not known; use one of \['hydra', 'hydra_pp', 'medusa'"):
+        HeadsConfig.for_base(model, "medusa3", 2)
+    with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['hydra', 'hydra_pp', 'medusa1', 'medusa2'\]"):
+        Recipe(kind="hydra3")

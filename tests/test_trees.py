@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from models.trees import TreeBuffers, TreeSpec, chain_tree, dense_tree, tree_from_config
+from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
 

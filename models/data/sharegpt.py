@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-log = logging.getLogger("models.sharegpt")
+log = logging.getLogger("models.data.sharegpt")
 _SKIP_WS = re.compile(r"\s*")
 _NUMBER_CHARS = set("0123456789.eE+-")
 

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from models.fast_inference import is_packed
+from models.engine.fast_inference import is_packed
 
 SMALL_BATCH = 8
 _packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
@@ -44,7 +44,7 @@ def _onednn_weights(linear: torch.nn.Linear):
 
 def project(linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x) for x [R, h] -> [R, V] (same values up to float rounding)."""
-    if is_packed(linear):                       # prepared by models.fast_inference: its own fast path
+    if is_packed(linear):                       # prepared by models.engine.fast_inference: its own fast path
         return linear(x.to(linear.weight.dtype))
     if not (isinstance(linear, torch.nn.Linear) and x.device.type == "cpu" and linear.weight.dtype == torch.float32):
         return linear(x)

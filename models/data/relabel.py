@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from models.distill_gen import map_batches
+from models.data.distill_gen import map_batches
 
 IGNORE_INDEX = -100
 
@@ -67,7 +67,7 @@ def relabel_conversations(model, input_ids: list[list[int]], labels: list[list[i
                           ) -> tuple[list[list[int]], dict]:
     """New labels for every conversation (same order), and stats: tokens forwarded (real, padded), positions.
 
-    workers > 1: that many batches at a time, torch on one thread each (models.distill_gen.map_batches).
+    workers > 1: that many batches at a time, torch on one thread each (models.data.distill_gen.map_batches).
     """
     need = [forward_length(y) for y in labels]
     if batch_tokens < max(need, default=0):

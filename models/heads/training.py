@@ -5,12 +5,12 @@
                                   max_epochs=3)      # the weights of the best val epoch: best.epoch, best.history
 
 Targets: head k at position t predicts token t+k+2, and the position counts only when that token
-is an assistant token (labels != -100). A batch (models/head_data.py) holds input_ids and labels
+is an assistant token (labels != -100). A batch (models/heads/head_data.py) holds input_ids and labels
 [B, T] (right padding), optionally `sources` [B, T] (the positions the heads read; all when absent)
 and, when the frozen base's hidden states come from the cache, `hidden` [B, T, h] (window batches:
 [B, 1, h]); without it the modules run the frozen backbone themselves.
 
-Draft vocabulary (heads.draft_ids, models/draft_vocab.py): the heads' logits cover it only. The CE
+Draft vocabulary (heads.draft_ids, models/heads/draft_vocab.py): the heads' logits cover it only. The CE
 losses leave out targets outside it (nothing to learn there); the Hydra++ teacher is the base
 distribution restricted to it and renormalised; val top-1/top-5 count every target, an
 out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary heads.
@@ -56,11 +56,9 @@ class Recipe:
     lambda_schedule: str = "sine"       # Medusa-2: sine | constant
     lm_loss: str = "kl"                 # Medusa-2: kl (to the adapters-off model) | ce (to the labels)
 
-    KINDS = ("medusa1", "medusa2", "hydra", "hydra_pp")
-
     def __post_init__(self):
-        if self.kind not in self.KINDS:
-            raise ValueError(f"recipe kind {self.kind!r} is not known; use one of {list(self.KINDS)}")
+        if self.kind not in RECIPES:
+            raise ValueError(f"recipe kind {self.kind!r} is not known; use one of {sorted(RECIPES)}")
         if self.lambda_schedule not in ("sine", "constant"):
             raise ValueError(f"lambda_schedule {self.lambda_schedule!r}: use sine or constant")
         if self.lm_loss not in ("kl", "ce"):
@@ -168,10 +166,22 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
 # Modules
 
 
-class HeadsModule(pl.LightningModule):
-    """Frozen backbone, heads trained. Subclasses set how a head sees its input (path tokens, prefix layer)."""
+RECIPES: dict[str, type["HeadsModule"]] = {}    # recipe kind -> LightningModule (conf/heads/<name>.yaml recipe.kind)
 
-    uses_path = False
+
+def register_recipe(kind: str):
+    """Class decorator: `kind` (a recipe's kind) trains with this module."""
+    def deco(cls):
+        RECIPES[kind] = cls
+        return cls
+    return deco
+
+
+class HeadsModule(pl.LightningModule):
+    """Frozen backbone, heads trained. What a head reads (path tokens, the Hydra++ prefix layer) comes from the
+    heads' family (models/heads/families.py); subclasses change the losses or what is trained."""
+
+    joint_backbone = False      # True: the backbone is trained too (Medusa-2), its adapter is saved with the heads
 
     def __init__(self, heads, base_model, recipe: Recipe, log_prefix: str = ""):
         super().__init__()
@@ -205,8 +215,17 @@ class HeadsModule(pl.LightningModule):
         with torch.no_grad():
             return self.base.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state
 
+    @property
+    def uses_path(self) -> bool:
+        return self.heads.family.reads_path
+
     def head_inputs(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        return hidden
+        """What the heads read: the base hidden states, through the prefix layer when the family has one."""
+        if not self.heads.family.prefix_layer:
+            return hidden
+        B, T, _ = hidden.shape
+        positions = torch.arange(T, device=hidden.device).expand(B, T)   # right padding: pads come after
+        return self.heads.prefix_forward(hidden, positions)
 
     def heads_loss(self, head_hidden: torch.Tensor, base_hidden: torch.Tensor, batch) -> tuple[torch.Tensor, list]:
         """sum_k weight_k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits [N, Vd], target token ids [N])."""
@@ -285,25 +304,23 @@ class HeadsModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+@register_recipe("medusa1")
 class Medusa1Module(HeadsModule):
     """Medusa-1: independent heads on h_t, frozen backbone."""
 
 
+@register_recipe("hydra")
 class HydraModule(HeadsModule):
-    """Hydra: head k sees h_t and the embeddings of the true tokens x_{t+1..t+k+1}."""
-
-    uses_path = True
+    """Hydra: head k sees h_t and the embeddings of the true tokens x_{t+1..t+k+1} (its family reads the path)."""
 
 
+@register_recipe("hydra_pp")
 class HydraPPModule(HydraModule):
-    """Hydra++: the prefix decoder layer runs causally over the base hidden states; its output feeds the heads."""
-
-    def head_inputs(self, hidden, batch):
-        B, T, _ = hidden.shape
-        positions = torch.arange(T, device=hidden.device).expand(B, T)   # right padding: pads come after
-        return self.heads.prefix_forward(hidden, positions)
+    """Hydra++: the prefix decoder layer runs causally over the base hidden states; its output feeds the heads
+    (the family has the layer); the recipe adds the teacher loss."""
 
 
+@register_recipe("medusa2")
 class Medusa2Module(HeadsModule):
     """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k.
 
@@ -311,6 +328,8 @@ class Medusa2Module(HeadsModule):
     switched off (self-distilled data: the base's own distribution is the target) or CE to the
     labels. The adapters-off hidden states come from the cache when the batch carries them.
     """
+
+    joint_backbone = True
 
     def __init__(self, heads, backbone, recipe: Recipe, log_prefix: str = ""):
         super().__init__(heads, backbone, recipe, log_prefix)
@@ -365,7 +384,7 @@ class Medusa2Module(HeadsModule):
                 {"params": heads, "lr": self.recipe.lr * self.recipe.head_lr_multiplier, "name": "heads"}]
 
 
-MODULES = {"medusa1": Medusa1Module, "hydra": HydraModule, "hydra_pp": HydraPPModule, "medusa2": Medusa2Module}
+MODULES = RECIPES     # the earlier name
 
 
 # ---------------------------------------------------------------------------------------------

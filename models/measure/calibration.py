@@ -48,9 +48,9 @@ score order and the tree maximises L among trees of that size whose nodes' paren
 siblings are in the tree. Trees for growing budgets are nested.
 
 Cost: predicted tokens/s = L / (verify(n + 1 tokens) + overhead(tree)); verify from the latency
-profile of the decoder's verify forward (models/latency.py: median over repeats, interpolated in n);
+profile of the decoder's verify forward (models/measure/latency.py: median over repeats, interpolated in n);
 overhead = draft + LM head (on the nodes with children) + acceptance + commit of one step with that
-tree, timed with the decoder's own functions (models/drafting.py, acceptance.py, kv_cache.py). The
+tree, timed with the decoder's own functions (models/engine/drafting.py, acceptance.py, kv_cache.py). The
 autoregressive baseline's step is the profile's 1-token forward + LM head.
 """
 from __future__ import annotations
@@ -58,7 +58,6 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -81,8 +80,8 @@ def model_fingerprint(model) -> str:
 def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                          stop_token_ids: Sequence[int] = ()) -> list[list[int]]:
     """Each prompt followed by the base model's greedy answer (up to and including a stop token),
-    decoded by the evaluation's own autoregressive baseline (models.decoding.generate, heads=None)."""
-    from models.decoding import generate
+    decoded by the evaluation's own autoregressive baseline (models.engine.decoding.generate, heads=None)."""
+    from models.engine.decoding import generate
 
     return [list(p) + generate(model, None, list(p), max_new_tokens=max_new_tokens,
                                stop_token_ids=list(stop_token_ids)).new_tokens for p in prompts]
@@ -308,77 +307,19 @@ def choose_budget(rows: Sequence[dict]) -> dict:
     return max(rows, key=lambda row: (row["predicted_tokens_per_s"], -row["budget"]))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_repeats(fn, repeats: int, device: torch.device, warmup: int = 1) -> list[float]:
-    """Wall seconds of `repeats` calls of fn (after `warmup` untimed calls), synchronising a GPU."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _random_prefix(model, prefix_len: int, seed: int = 0):
-    """(cache, hidden [T, h]) after a prefill of prefix_len random tokens."""
-    from models.kv_cache import new_cache
-
-    device = next(model.parameters()).device
-    ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
-    cache = new_cache()
-    hidden = model.get_decoder()(input_ids=ids.to(device), past_key_values=cache, use_cache=True).last_hidden_state[0]
-    return cache, hidden
-
-
 @torch.inference_mode()
-def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300) -> dict:
-    """Median seconds of the parts of one greedy decoding step with this tree, run with the decoder's own
-    functions on a random prefix: draft (heads), verify (decoder forward), lm_head (on the nodes with
-    children, as acceptance asks), accept (the rule), commit (cache pruning + the drafter's state)."""
-    from models import acceptance
-    from models.acceptance import NodeLogits, SamplingConfig
-    from models.decoding import verify_tree
-    from models.drafting import Drafter
-    from models.kv_cache import keep_accepted
-    from models.trees import TreeBuffers
+def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300, seed: int = 0) -> dict:
+    """Median seconds of the parts of one greedy decoding step with this tree (models.engine.decoding.time_step: the
+    decoder's own step, rewound after each repeat) on a random prefix_len-token prompt: draft (heads), verify
+    (decoder forward alone here), lm_head (on the rows acceptance reads), accept (the rule), commit (cache
+    pruning + the drafter's state)."""
+    from models.engine.acceptance import SamplingConfig
+    from models.engine.decoding import TreeDrafter, prefill, time_step
 
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    cache, hidden = _random_prefix(model, prefix_len)
-    drafter = Drafter(heads, SamplingConfig())
-    drafter.start(hidden)
-    buf = TreeBuffers.build(spec)
-    parts = {"draft": [], "verify": [], "lm_head": [], "accept": [], "commit": []}
-    for i in range(repeats + 1):                 # the first round warms up
-        _sync(device)
-        t = [time.perf_counter()]
-        tokens, _ = drafter.draft(0, buf)
-        _sync(device)
-        t.append(time.perf_counter())
-        h = verify_tree(decoder, tokens, buf, cache, prefix_len, dtype)
-        _sync(device)
-        t.append(time.perf_counter())
-        node_logits = NodeLogits(h, lm_head)
-        path, _ = acceptance.accept_greedy(tokens, buf, node_logits)
-        _sync(device)
-        t.append(time.perf_counter())
-        keep_accepted(cache, prefix_len, path, buf.num_tokens)
-        drafter.advance(h[path], prefix_len)
-        _sync(device)
-        t.append(time.perf_counter())
-        cache.crop(-len(path))                   # back to the prefix for the next round
-        if drafter.prefix_cache is not None:
-            drafter.prefix_cache.crop(-len(path))
-        if i:
-            draft, verify, accept, commit = (b - a for a, b in zip(t, t[1:]))
-            for k, v in zip(parts, (draft, verify, node_logits.seconds, accept - node_logits.seconds, commit)):
-                parts[k].append(v)
-    return {k: float(np.median(v)) for k, v in parts.items()}
+    ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
+    drafter = TreeDrafter(heads, spec, SamplingConfig())
+    state = prefill(model, ids.to(next(model.parameters()).device), SamplingConfig(), drafter=drafter)
+    steps = time_step(state, drafter, spec.depth, repeats)
+    for s in steps:
+        s["verify"] -= s["lm_head"]                     # the forward alone (the profile's "seconds")
+    return {k: float(np.median([s[k] for s in steps])) for k in ("draft", "verify", "lm_head", "accept", "commit")}

@@ -281,7 +281,7 @@ class ForwardCounter:
                          model.register_forward_hook(self._after)]
 
     def _before(self, module, args, kwargs):
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))    # `cache` from transformers 5.24 on
         self.cache_lengths.append(int(cache.get_seq_length()) if cache is not None else 0)
 
     def _after(self, module, args, output):

@@ -4,7 +4,7 @@ Indexing (REFERENCE.md section 1): the base LM head at position t predicts token
 draft head k (k = 0..K-1) at position t predicts token t+k+2.
 
     heads = build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=4, draft_vocab_size=4096), model,
-                        draft_ids=most_frequent(counts, 4096))          # models/draft_vocab.py
+                        draft_ids=most_frequent(counts, 4096))          # models/heads/draft_vocab.py
     logits = heads.draft_logits(k, h_t, path_tokens)  # [..., Vd]; path_tokens = x_{t+1} .. x_{t+k+1}
     token_ids = heads.to_token_ids(logits.topk(10).indices)
     heads.head_logits(k, h_t, path_tokens)            # [..., V]: the same, -inf outside the draft vocabulary
@@ -28,9 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.base import model_name
-from models.draft_vocab import check_draft_ids, index_in_draft
-
-FAMILIES = ("medusa", "hydra", "hydra_pp")
+from models.heads.draft_vocab import check_draft_ids, index_in_draft
+from models.heads.families import FAMILIES, HydraInputBlock, ResBlock, get_family   # noqa: F401 (re-exported)
 CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
 
 
@@ -47,8 +46,7 @@ class HeadsConfig:
     draft_vocab_size: int | None = None   # heads score this many tokens (DraftHeads.draft_ids); None: all
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"heads family {self.family!r} is not known; use one of {list(FAMILIES)}")
+        get_family(self.family)          # an unknown family fails here, naming the known ones
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"num_heads and num_layers must be >= 1, got {self.num_heads} and {self.num_layers}")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -68,38 +66,6 @@ class HeadsConfig:
                    share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size)
 
 
-class ResBlock(nn.Module):
-    """x + SiLU(W x + b); W starts at zero so a fresh block is the identity."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)
-
-    def forward(self, x):
-        return x + F.silu(self.linear(x))
-
-
-class HydraInputBlock(nn.Module):
-    """First Hydra block: [h_t, E(x_{t+1}), ..., E(x_{t+k+1})] (width h*(k+2)) -> h, with a residual projection.
-
-    The residual projection starts as "take h_t" and the MLP at zero, so a fresh Hydra head equals
-    a fresh Medusa head (and the base LM head when its Linear is copied from it).
-    """
-
-    def __init__(self, hidden: int, num_inputs: int):
-        super().__init__()
-        self.res_proj = nn.Linear(hidden * num_inputs, hidden, bias=False)
-        self.linear = nn.Linear(hidden * num_inputs, hidden)
-        with torch.no_grad():
-            self.res_proj.weight.zero_()
-            self.res_proj.weight[:, :hidden].copy_(torch.eye(hidden))
-            self.linear.weight.zero_()
-
-    def forward(self, x):                       # x: [..., h*(k+2)]
-        return self.res_proj(x) + F.silu(self.linear(x))
-
-
 class DraftHeads(nn.Module):
     """All K heads of one family. The base model's embedding and LM head are referenced, never saved.
 
@@ -111,11 +77,8 @@ class DraftHeads(nn.Module):
         super().__init__()
         self.config = config
         h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
-        if config.family == "medusa":
-            blocks = [nn.Sequential(*[ResBlock(h) for _ in range(L)]) for _ in range(K)]
-        else:  # each block its own module: never `[ResBlock(h)] * L`, which shares one
-            blocks = [nn.Sequential(HydraInputBlock(h, k + 2), *[ResBlock(h) for _ in range(L - 1)]) for k in range(K)]
-        self.blocks = nn.ModuleList(blocks)
+        self.family = get_family(config.family)
+        self.blocks = self.family.build_blocks(h, K, L)
         self.dropout = nn.Dropout(config.dropout)
         self.lm_heads = None if config.share_lm_head else nn.ModuleList(
             [nn.Linear(h, Vd, bias=True) for _ in range(K)])
@@ -127,7 +90,7 @@ class DraftHeads(nn.Module):
         else:
             if draft_ids is None:
                 raise ValueError(f"config.draft_vocab_size={config.draft_vocab_size} needs its draft_ids "
-                                 "(models/draft_vocab.py most_frequent)")
+                                 "(models/heads/draft_vocab.py most_frequent)")
             draft_ids = torch.as_tensor(draft_ids)
             check_draft_ids(draft_ids, config.vocab_size, config.draft_vocab_size)
             self.register_buffer("draft_ids", draft_ids.long().clone())                         # [Vd], saved
@@ -156,7 +119,7 @@ class DraftHeads(nn.Module):
             base_b = getattr(lm_head, "bias", None)
             self.base_rows_weight = lm_head.weight.detach()[ids].clone()
             self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
-        if self.config.family == "hydra_pp" and self.prefix_layer is None:
+        if self.family.prefix_layer and self.prefix_layer is None:
             # One extra decoder layer of the base architecture and a final RMSNorm (a 1-layer decoder model).
             # o_proj/down_proj start at zero, so the layer starts as the identity; the norm's weight starts
             # at the RMS of the base's final-norm weight, the typical RMS of the base's final hidden states,
@@ -180,6 +143,11 @@ class DraftHeads(nn.Module):
                     else:
                         lin.bias.zero_()
         return self
+
+    @property
+    def is_attached(self) -> bool:
+        """Whether attach(base_model) has wired the frozen base embedding / LM head in."""
+        return bool(self._base)
 
     def _require_base(self):
         if not self._base:
@@ -222,15 +190,9 @@ class DraftHeads(nn.Module):
     # -- per-head computation ------------------------------------------------------------------
     def head_hidden(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden state of head k before its LM head. hidden: [..., h]; path_tokens: [..., k+1] (Hydra)."""
-        if self.config.family == "medusa":
-            x = hidden
-        else:
+        if self.family.reads_path:
             self._require_base()
-            if path_tokens is None or path_tokens.shape[-1] != k + 1:
-                raise ValueError(f"Hydra head {k} needs the {k + 1} path tokens above it, got "
-                                 f"{None if path_tokens is None else tuple(path_tokens.shape)}")
-            emb = self._base["embed"](path_tokens).to(hidden.dtype)          # [..., k+1, h]
-            x = torch.cat([hidden.unsqueeze(-2), emb], dim=-2).flatten(-2)   # [..., h*(k+2)]
+        x = self.family.head_input(k, hidden, path_tokens, self._base.get("embed"))
         for block in self.blocks[k]:                                          # dropout before every block
             x = block(self.dropout(x))
         return self.dropout(x)                                                # and before the LM head

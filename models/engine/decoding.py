@@ -1,8 +1,8 @@
 """Speculative decoding on an unmodified transformers causal LM: one decode step shared by every drafter.
 
-    from models.decoding import generate, SamplingConfig
+    from models.engine.decoding import generate, SamplingConfig
     res = generate(model, tok, input_ids, heads=heads, tree=tree_spec, max_new_tokens=128)
-    res = generate(model, tok, input_ids, drafter=PromptLookupDrafter())   # any StepDrafter (models/prompt_lookup.py)
+    res = generate(model, tok, input_ids, drafter=PromptLookupDrafter())   # any StepDrafter (models/engine/prompt_lookup.py)
     res = generate(model, tok, input_ids)                      # no drafter: the autoregressive baseline
     res.new_tokens, res.text, res.accept_lengths, res.mean_accepted_length, res.tokens_per_second
 
@@ -25,21 +25,22 @@ to the depth that still fits, then decoding stops cleanly).
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 
-from models import acceptance
-from models.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
-from models.drafting import Drafter
-from models.kv_cache import keep_accepted, new_cache
-from models.projection import project
-from models.trees import TreeBuffers, TreeSpec
+from models.engine import acceptance
+from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
+from models.engine.drafting import Drafter
+from models.engine.kv_cache import keep_accepted, new_cache
+from models.engine.projection import project
+from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
-__all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "DecodeState", "prefill",
-           "decode_step", "generate", "verify_tree"]
+__all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "FixedDrafter", "DecodeState",
+           "prefill", "decode_step", "time_step", "generate"]
 
 
 @dataclass
@@ -177,7 +178,7 @@ DraftQ = Callable[[int], torch.Tensor] | None     # draft_q(node) -> q [V] of th
 
 
 class StepDrafter(Protocol):
-    """What decode_step needs from a drafter (TreeDrafter, models.prompt_lookup.PromptLookupDrafter)."""
+    """What decode_step needs from a drafter (TreeDrafter, models.engine.prompt_lookup.PromptLookupDrafter)."""
 
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
         """After the prefill: input_ids [T] the prompt, hidden [T, h] its base hidden states."""
@@ -190,9 +191,12 @@ class StepDrafter(Protocol):
         """After acceptance: hidden [m, h] and tokens (m, root first) of the accepted path, now at
         positions position..position+m-1 of the base cache."""
 
+    def rewind(self, position: int) -> None:
+        """Forget every position from `position` on, as if decoding had stopped there (DecodeState.rewind)."""
+
 
 class TreeDrafter:
-    """Draft heads on a fixed tree (models.drafting.Drafter), the tree cut to max_depth near the limits."""
+    """Draft heads on a fixed tree (models.engine.drafting.Drafter), the tree cut to max_depth near the limits."""
 
     def __init__(self, heads, tree: TreeSpec | TreeBuffers, sampling: SamplingConfig,
                  generator: torch.Generator | None = None):
@@ -213,17 +217,50 @@ class TreeDrafter:
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         self.heads_drafter.advance(hidden, position)
 
+    def rewind(self, position: int) -> None:
+        self.heads_drafter.rewind(position)
+
+
+class FixedDrafter:
+    """Proposes the same tokens below every root: a chain of `drafts` (or the nodes of `tree`). For timing the
+    step at a given size (models/measure/latency.py) and for tests; it keeps no state, so rewinding is free."""
+
+    def __init__(self, drafts, tree: TreeSpec | None = None):
+        self.drafts = torch.as_tensor(drafts, dtype=torch.long).flatten()
+        spec = tree or chain_tree(self.drafts.numel(), name=f"fixed{self.drafts.numel()}")
+        self.buf = TreeBuffers.build(spec)
+        if self.buf.num_tokens != self.drafts.numel() + 1:
+            raise ValueError(f"the tree has {self.buf.num_tokens - 1} nodes but {self.drafts.numel()} drafts were given")
+
+    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.drafts = self.drafts.to(input_ids.device)
+
+    def draft(self, root: int, max_depth: int):
+        buf = self.buf if max_depth >= self.buf.spec.depth else TreeBuffers.build(self.buf.spec.truncated(max_depth))
+        tokens = torch.cat([self.drafts.new_tensor([root]), self.drafts])[:buf.num_tokens]
+        return buf, tokens, None
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        pass
+
+    def rewind(self, position: int) -> None:
+        pass
+
 
 # -- the decode step ---------------------------------------------------------------------------------
+TIMED_PARTS = ("draft", "verify", "lm_head", "accept", "commit")
+
+
 def _zero_timings() -> dict:
-    return {"draft": 0.0, "verify": 0.0, "accept": 0.0, "commit": 0.0}
+    return dict.fromkeys(TIMED_PARTS, 0.0)
 
 
 @dataclass
 class DecodeState:
     """One sequence being decoded: `past` positions in the base cache, then `root`, the last emitted
     token (not yet in the cache). timings: seconds summed over steps: draft, verify (forward + LM head),
-    accept (the rule alone), commit (KV pruning + drafter state)."""
+    lm_head (its LM-head share), accept (the rule alone), commit (KV pruning + drafter state).
+    sync: called before each clock read when timings must be exact on an asynchronous device (time_step)."""
     decoder: torch.nn.Module
     lm_head: torch.nn.Module
     cache: object
@@ -234,6 +271,20 @@ class DecodeState:
     dtype: torch.dtype
     device: torch.device
     timings: dict = field(default_factory=_zero_timings)
+    sync: Callable[[], None] | None = None
+
+    def rewind(self, past: int, root: int) -> None:
+        """Back to `past` cached positions with `root` next (drop the cache rows from `past` on); the
+        drafter is rewound with drafter.rewind(past)."""
+        if not 0 < past <= self.past:
+            raise ValueError(f"can only rewind to 0 < past <= {self.past} cached positions, got {past}")
+        self.cache.crop(past - self.cache.get_seq_length())   # a negative crop: the rows to drop
+        self.past, self.root = past, int(root)
+
+    def clock(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()
 
 
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
@@ -254,41 +305,67 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     Returns (tokens, drafted): the accepted drafts followed by the bonus token (the new state.root);
     the first `drafted` tokens are drafts. No drafter, or a draft of the root alone: a plain 1-token step.
     """
-    t1 = time.perf_counter()
+    t1 = state.clock()
     root, past, timings = state.root, state.past, state.timings
     buf, tokens, draft_q = drafter.draft(root, max_depth) if drafter is not None else (None, None, None)
-    t2 = time.perf_counter()
+    t2 = state.clock()
     if buf is None or buf.num_tokens == 1:
         # a) plain step: the root alone, causal, no mask needed
         hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
                                position_ids=torch.tensor([[past]], device=state.device),
                                past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
+        t_fwd = state.clock()
         logits = project(state.lm_head, hidden)[0]                                                  # [V]
-        t3 = time.perf_counter()
+        t3 = state.clock()
         bonus = _first_token(logits, state.sampling, state.generator, speculative=drafter is not None)
-        t4 = time.perf_counter()
+        t4 = state.clock()
         path, drafts = [0], []
         timings["verify"] += t3 - t2
+        timings["lm_head"] += t3 - t_fwd
         timings["accept"] += t4 - t3
     else:
         # b) verify the tree in one forward, c) accept (the LM head runs only on the rows the rule reads)
         hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)             # [N, h]
-        t3 = time.perf_counter()
+        t3 = state.clock()
         node_logits = NodeLogits(hidden, state.lm_head)
         rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
         path, bonus = rule(tokens, buf, node_logits, state.sampling, state.generator, draft_q)
-        t4 = time.perf_counter()
+        t4 = state.clock()
         keep_accepted(state.cache, past, path, buf.num_tokens)    # only the accepted path stays in the cache
         drafts = tokens[path[1:]].tolist()
         timings["verify"] += t3 - t2 + node_logits.seconds        # forward + LM head
+        timings["lm_head"] += node_logits.seconds
         timings["accept"] += t4 - t3 - node_logits.seconds
     # d) commit: the drafter's state follows the accepted path
     if drafter is not None:
         drafter.advance(hidden[path], [root, *drafts], past)
     state.past, state.root = past + len(path), bonus
     timings["draft"] += t2 - t1
-    timings["commit"] += time.perf_counter() - t4
+    timings["commit"] += state.clock() - t4
     return drafts + [bonus], len(drafts)
+
+
+@torch.inference_mode()
+def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, repeats: int,
+              warmup: int = 1) -> list[dict]:
+    """Seconds of each part (TIMED_PARTS, and "step": their sum) of `repeats` decode steps all taken from the
+    same state (each rewound after it), after `warmup` untimed ones: the step a decoder takes, timed."""
+    past, root = state.past, state.root
+    if state.device.type == "cuda":
+        state.sync = functools.partial(torch.cuda.synchronize, state.device)
+    out = []
+    for i in range(warmup + repeats):
+        before = dict(state.timings)
+        decode_step(state, drafter, max_depth)
+        state.rewind(past, root)
+        if drafter is not None:
+            drafter.rewind(past)
+        if i >= warmup:
+            parts = {k: state.timings[k] - before[k] for k in TIMED_PARTS}
+            parts["step"] = sum(parts[k] for k in TIMED_PARTS if k != "lm_head")   # lm_head is inside verify
+            out.append(parts)
+    state.sync = None
+    return out
 
 
 @torch.inference_mode()

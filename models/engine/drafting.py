@@ -22,32 +22,35 @@ from __future__ import annotations
 
 import torch
 
-from models.acceptance import SamplingConfig, warp_probs
+from models.engine.acceptance import SamplingConfig, warp_probs
+from models.heads.families import get_family
 from models.heads import DraftHeads
-from models.kv_cache import new_cache
-from models.projection import project
+from models.engine.kv_cache import new_cache
+from models.engine.projection import project
 
 
 class Drafter:
     def __init__(self, heads, sampling: SamplingConfig, generator: torch.Generator | None = None):
         self.heads, self.sampling, self.generator = heads, sampling, generator
-        self.family = heads.config.family
+        self.family = get_family(heads.config.family)
         # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
         # shared), so that the drafter can run head k as head_hidden + project (fast for few rows); other
         # head objects: head_logits over the full vocabulary.
         self.linears = None
         self.draft_ids = heads.draft_ids if isinstance(heads, DraftHeads) else None   # [Vd]; None: full vocabulary
-        if isinstance(heads, DraftHeads) and (heads.lm_heads is not None or heads._base):   # attached or own heads
+        if isinstance(heads, DraftHeads) and (heads.lm_heads is not None or heads.is_attached):   # attached or own heads
             self.linears = [heads.output_layer(k) for k in range(heads.config.num_heads)]
-        self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
+        self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.h = None                                   # [h] hidden state the heads read (position t)
+        self.history: list[tuple[int, torch.Tensor]] = []   # (positions seen, h then) of the last advances (rewind)
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, hidden: torch.Tensor) -> None:
         """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1)."""
-        self.prefix_cache = new_cache() if self.family == "hydra_pp" else None
+        self.prefix_cache = new_cache() if self.family.prefix_layer else None
+        self.history = []
         self.advance(hidden, 0)
 
     def advance(self, hidden: torch.Tensor, position: int) -> None:
@@ -58,9 +61,23 @@ class Drafter:
             pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
             h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
         self.h = h if self.dtype is None else h.to(self.dtype)
+        self.history = [*self.history[-(self.HISTORY - 1):], (position + hidden.shape[0], self.h)]
+
+    HISTORY = 16
+
+    def rewind(self, position: int) -> None:
+        """Back to the state after the first `position` positions: one of the last HISTORY advances' ends."""
+        while self.history and self.history[-1][0] > position:
+            self.history.pop()
+        if not self.history or self.history[-1][0] != position:
+            raise ValueError(f"the drafter can rewind to the end of one of its last {self.HISTORY} advances, "
+                             f"not to position {position}")
+        self.h = self.history[-1][1]
+        if self.prefix_cache is not None:
+            self.prefix_cache.crop(position - self.prefix_cache.get_seq_length())
 
     # -- proposals -----------------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None)."""
         if k > logits.shape[-1]:
             raise ValueError(f"the tree asks for {k} ranks per node but the heads score only {logits.shape[-1]} "
@@ -85,7 +102,8 @@ class Drafter:
             return self.heads.head_logits(k, hidden, path)
         return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
 
-    def _medusa_logits(self, depth: int) -> torch.Tensor:          # -> [depth, Vd]
+    def all_heads_logits(self, depth: int) -> torch.Tensor:
+        """Heads 0..depth-1 on h_t alone (no path: Medusa) -> [depth, Vd]."""
         if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, Vd] product
             x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
             return project(self.linears[0], x)
@@ -97,21 +115,5 @@ class Drafter:
         tokens[0] = root
         if not buf.levels:
             return tokens, None
-        q_of: dict[int, torch.Tensor] = {}                                         # parent -> q [Vd]
-        if self.family == "medusa":
-            K = max(level.num_ranks for level in buf.levels)
-            picks, q = self._pick(self._medusa_logits(len(buf.levels)), K)     # [D, K], [D, Vd]
-            for d, level in enumerate(buf.levels):
-                tokens[level.nodes] = picks[d, level.ranks]                       # same proposals for every parent
-                if q is not None:
-                    q_of.update({int(p): q[d] for p in level.parents})
-        else:
-            for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
-                P = level.parents.numel()
-                path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
-                logits = self.head_logits(d, self.h.expand(P, -1), path)           # [P, Vd]
-                picks, q = self._pick(logits, level.num_ranks)                     # [P, R]
-                tokens[level.nodes] = picks[level.parent_slot, level.ranks]
-                if q is not None:
-                    q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
+        q_of = self.family.draft(self, tokens, buf)                                  # parent -> q [Vd]
         return tokens, ((lambda node: self._full_q(q_of[node])) if q_of else None)

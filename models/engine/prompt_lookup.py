@@ -1,7 +1,7 @@
 """Prompt lookup decoding in our own decoder: drafts copied from the context, verified by the same step as the heads.
 
-    from models.decoding import generate
-    from models.prompt_lookup import PromptLookupDrafter
+    from models.engine.decoding import generate
+    from models.engine.prompt_lookup import PromptLookupDrafter
     drafter = PromptLookupDrafter(num_tokens=8, max_ngram=3, min_ngram=2, tokens_per_ngram=3)   # the cpu profile's
     res = generate(model, tok, input_ids, drafter=drafter)
 
@@ -16,7 +16,7 @@ so there a short match proposes a short chain, or none (min_ngram = 2). Without 
 is a plain 1-token step (a chain of 0 drafts).
 The drafts are deterministic (q = a point mass at each drafted token), which every acceptance rule
 handles as is: greedy and typical never read q, and lossless sampling with draft_q = None treats
-each child as a point mass (models/acceptance.py), so the output distribution is the base model's.
+each child as a point mass (models/engine/acceptance.py), so the output distribution is the base model's.
 
 NgramIndex keeps, for every n-gram seen, where the token after its most recent occurrence sits, and
 is updated in O(max_ngram) per appended token: a lookup never scans the context.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from models.trees import TreeBuffers, chain_tree
+from models.engine.trees import TreeBuffers, chain_tree
 
 
 class NgramIndex:
@@ -77,7 +77,7 @@ class NgramIndex:
 
 
 class PromptLookupDrafter:
-    """A drafter for models.decoding.decode_step: a chain of context tokens per step (no model involved).
+    """A drafter for models.engine.decoding.decode_step: a chain of context tokens per step (no model involved).
 
     num_tokens: longest chain; tokens_per_ngram: a match of n tokens proposes at most tokens_per_ngram * n
     (None: always up to num_tokens); n-grams from max_ngram down to min_ngram are looked up."""
@@ -118,3 +118,9 @@ class PromptLookupDrafter:
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         """tokens: the accepted path (root first; the root is already in the context)."""
         self.index.extend(tokens[1:])
+
+    def rewind(self, position: int) -> None:
+        """Forget the context from `position` on (the index is rebuilt: O(position), for timing and tests)."""
+        kept = self.index.tokens[:position]
+        self.index = NgramIndex(self.max_ngram)
+        self.index.extend(kept)

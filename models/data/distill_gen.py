@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from models.kv_cache import new_cache
+from models.engine.kv_cache import new_cache
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.projection import project
+from models.engine.projection import project
 
 ACCEPTANCE_RULES = ("greedy", "typical", "sampling")
 

@@ -1,0 +1,1 @@
+"""Data: ShareGPT records, chat-templated conversations, self-distillation and relabelling."""

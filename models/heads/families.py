@@ -1,0 +1,147 @@
+"""Head families: what makes Medusa, Hydra and Hydra++ differ, one class each, found by name.
+
+    family = get_family("hydra")                   # the `family` of conf/heads/<name>.yaml
+    blocks = family.build_blocks(h, K, L)          # models/heads/__init__.py DraftHeads holds them
+    x = family.head_input(k, h_t, path, embed)     # what head k reads before its blocks
+    family.draft(drafter, tokens, buf)             # a tree's proposals, depth by depth (models/engine/drafting.py)
+    family.recipes                                 # the training recipes it takes (models/heads/training.py RECIPES)
+
+Adding a family is one module with a HeadFamily subclass decorated with @register_family (imported
+where it is used, or listed in BUILTIN below) and one conf/heads/<name>.yaml that names it.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FAMILIES: dict[str, "HeadFamily"] = {}
+
+
+def register_family(cls: type["HeadFamily"]) -> type["HeadFamily"]:
+    """Class decorator: makes `cls` reachable as get_family(cls.name)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a `name`")
+    FAMILIES[cls.name] = cls()
+    return cls
+
+
+def get_family(name: str) -> "HeadFamily":
+    if name not in FAMILIES:
+        raise ValueError(f"heads family {name!r} is not known; use one of {sorted(FAMILIES)} "
+                         "(a new family registers itself with models.heads.families.register_family)")
+    return FAMILIES[name]
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b); W starts at zero so a fresh block is the identity."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class HydraInputBlock(nn.Module):
+    """First Hydra block: [h_t, E(x_{t+1}), ..., E(x_{t+k+1})] (width h*(k+2)) -> h, with a residual projection.
+
+    The residual projection starts as "take h_t" and the MLP at zero, so a fresh Hydra head equals
+    a fresh Medusa head (and the base LM head when its Linear is copied from it).
+    """
+
+    def __init__(self, hidden: int, num_inputs: int):
+        super().__init__()
+        self.res_proj = nn.Linear(hidden * num_inputs, hidden, bias=False)
+        self.linear = nn.Linear(hidden * num_inputs, hidden)
+        with torch.no_grad():
+            self.res_proj.weight.zero_()
+            self.res_proj.weight[:, :hidden].copy_(torch.eye(hidden))
+            self.linear.weight.zero_()
+
+    def forward(self, x):                       # x: [..., h*(k+2)]
+        return self.res_proj(x) + F.silu(self.linear(x))
+
+
+class HeadFamily:
+    """The base: Medusa's behaviour. Subclasses override what differs."""
+    name: ClassVar[str] = ""
+    reads_path: ClassVar[bool] = False        # head k reads the k+1 path tokens above its node (Hydra)
+    prefix_layer: ClassVar[bool] = False      # a decoder layer over the base hidden states first (Hydra++)
+    recipes: ClassVar[tuple[str, ...]] = ()   # models/heads/training.py RECIPES it can be trained with
+    # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
+    window_recipes: ClassVar[tuple[str, ...]] = ()
+
+    def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
+        # each block its own module: never `[ResBlock(h)] * L`, which shares one
+        return nn.ModuleList([nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)]) for _ in range(num_heads)])
+
+    def head_input(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None, embed) -> torch.Tensor:
+        """What head k's first block reads: hidden [..., h] (and path_tokens [..., k+1] when reads_path)."""
+        return hidden
+
+    def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
+        """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the drafter's proposals; -> {parent: q [Vd]}
+        when proposals are sampled. Medusa: head k sees h_t only, so all heads run once and every parent of a
+        depth gets the same proposals."""
+        q_of = {}
+        K = max(level.num_ranks for level in buf.levels)
+        picks, q = drafter.pick(drafter.all_heads_logits(len(buf.levels)), K)     # [D, K], [D, Vd]
+        for d, level in enumerate(buf.levels):
+            tokens[level.nodes] = picks[d, level.ranks]
+            if q is not None:
+                q_of.update({int(p): q[d] for p in level.parents})
+        return q_of
+
+
+@register_family
+class Medusa(HeadFamily):
+    name = "medusa"
+    recipes = ("medusa1", "medusa2")
+    window_recipes = ("medusa1",)
+
+
+@register_family
+class Hydra(HeadFamily):
+    """Head k also reads the embeddings of the path above its node: depth d is drafted from its parents'
+    paths, all parents of a depth in one batch."""
+    name = "hydra"
+    reads_path = True
+    recipes = ("hydra",)
+    window_recipes = ("hydra",)
+
+    def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
+        return nn.ModuleList([nn.Sequential(HydraInputBlock(hidden, k + 2), *[ResBlock(hidden) for _ in range(num_layers - 1)])
+                              for k in range(num_heads)])
+
+    def head_input(self, k, hidden, path_tokens, embed):
+        if path_tokens is None or path_tokens.shape[-1] != k + 1:
+            raise ValueError(f"{self.name} head {k} needs the {k + 1} path tokens above it, got "
+                             f"{None if path_tokens is None else tuple(path_tokens.shape)}")
+        emb = embed(path_tokens).to(hidden.dtype)                          # [..., k+1, h]
+        return torch.cat([hidden.unsqueeze(-2), emb], dim=-2).flatten(-2)  # [..., h*(k+2)]
+
+    def draft(self, drafter, tokens, buf) -> dict:
+        q_of = {}
+        for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
+            P = level.parents.numel()
+            path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
+            picks, q = drafter.pick(drafter.head_logits(d, drafter.h.expand(P, -1), path), level.num_ranks)
+            tokens[level.nodes] = picks[level.parent_slot, level.ranks]
+            if q is not None:
+                q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
+        return q_of
+
+
+@register_family
+class HydraPP(Hydra):
+    """Hydra with a prefix decoder layer (and final RMSNorm) over the base hidden states: its own KV cache
+    receives accepted positions only, so it holds exactly the accepted sequence."""
+    name = "hydra_pp"
+    prefix_layer = True
+    recipes = ("hydra_pp",)
+    window_recipes = ()

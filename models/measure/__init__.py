@@ -1,0 +1,1 @@
+"""Measurement: tree calibration, the verify-step latency profile, MT-Bench speed summaries."""

@@ -1,0 +1,48 @@
+"""Latency profile of the verify step: the decoder's own step (models.engine.decoding.decode_step) over n tree
+tokens, relative to a 1-token step.
+
+    prof = verify_latency_profile(model, sizes=[1, 4, 8, 16, 32, 64], repeats=7, prefix_len=300)
+    prof["relative"][i]   # (forward + LM head of a step of n tokens) / (the same for n = 1, the baseline's step)
+
+Each size is a FixedDrafter proposing n - 1 random tokens as a chain below the root, after a
+prefix_len-token random prompt; decoding.time_step takes the step and rewinds it. n = 1 is the
+baseline's plain step. The LM head runs on the rows the acceptance rule reads (all of them up to
+acceptance.EAGER_ROWS tokens), as in decoding. Sizes are interleaved within each repeat so that a
+slow phase of a shared machine hits every size alike.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import FixedDrafter, prefill, time_step
+
+
+@torch.inference_mode()
+def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7, prefix_len: int = 300,
+                           seed: int = 0) -> dict:
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g).to(device)
+    state = prefill(model, ids, SamplingConfig())
+    sizes = [int(n) for n in sizes]
+    drafters = {n: FixedDrafter(torch.randint(model.config.vocab_size, (n - 1,), generator=g)) for n in sizes}
+    for drafter in drafters.values():
+        drafter.start(ids[0], None)
+    fwd = {n: [] for n in sizes}
+    full = {n: [] for n in sizes}
+    for rep in range(repeats + 1):                      # round 0 warms up
+        for n in sizes:
+            parts = time_step(state, drafters[n], max_depth=n, repeats=1, warmup=0)[0]
+            if rep:
+                fwd[n].append(parts["verify"] - parts["lm_head"])
+                full[n].append(parts["verify"])
+    med_fwd = [statistics.median(fwd[n]) for n in sizes]
+    med_full = [statistics.median(full[n]) for n in sizes]
+    one = med_full[sizes.index(1)] if 1 in sizes else med_full[0]
+    return {"sizes": sizes, "prefix_len": prefix_len, "repeats": repeats, "statistic": "median",
+            "forward_s": med_fwd, "forward_lm_head_s": med_full,
+            "relative": [t / one for t in med_full], "relative_forward": [t / one for t in med_fwd],
+            "all_forward_lm_head_s": [full[n] for n in sizes]}

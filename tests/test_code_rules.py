@@ -1,0 +1,45 @@
+"""Rules the code keeps: one decode step, and no module reaching into another's underscored names."""
+from __future__ import annotations
+
+import ast
+import re
+
+from pipelines.common import REPO_ROOT
+
+PACKAGES = ("models", "pipelines", "analysis")
+# Third-party internals used on purpose (models/engine/fast_inference.py, projection.py: oneDNN prepacking, and
+# a tensor's in-place version counter to notice changed weights); nothing of ours.
+THIRD_PARTY = {"torch._C", "torch._C._nn", "torch.ops.mkldnn._linear_pointwise",
+               "torch.ops.mkldnn._reorder_linear_weight", "w._version"}
+
+
+def sources():
+    for pkg in PACKAGES:
+        yield from sorted((REPO_ROOT / pkg).rglob("*.py"))
+
+
+def test_no_module_touches_another_modules_underscored_names():
+    found = []
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if ast.unparse(node) not in THIRD_PARTY:
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_only_the_decode_step_verifies_and_prunes():
+    """verify_tree and keep_accepted are called in models/engine/decoding.py's decode_step and nowhere else."""
+    calls = []
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = ast.unparse(node.func).split(".")[-1]
+                if name in ("verify_tree", "keep_accepted"):
+                    calls.append((str(path.relative_to(REPO_ROOT)), name))
+    assert sorted(calls) == [("models/engine/decoding.py", "keep_accepted"), ("models/engine/decoding.py", "verify_tree")]
+    text = (REPO_ROOT / "models/engine/decoding.py").read_text()
+    step = text[text.index("def decode_step("):text.index("\ndef ", text.index("def decode_step(") + 1)]
+    assert re.search(r"\bverify_tree\(", step) and re.search(r"\bkeep_accepted\(", step)
