@@ -167,6 +167,12 @@ def hydra_table(summary: dict) -> Table:
     return t
 
 
+def tree_nodes(m: dict) -> str:
+    """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/dynamic.yaml)."""
+    n = m.get("tree_nodes")
+    return "-" if not n else (f"<= {n}" if m.get("cut_by_cost") else str(n))
+
+
 def speed_table(summary: dict) -> Table:
     """Every method's end-to-end and decode-only speedup, and how it compares with the stronger prompt lookup."""
     s = summary.get("settings", {})
@@ -179,7 +185,7 @@ def speed_table(summary: dict) -> Table:
         best = stronger_pld(m) if m["kind"] == "heads" else None
         mean = m["speedup"].get("mean")
         versus = "-" if best is None or mean is None or not best[1] else f"{mean / best[1]:.2f}x ({best[0]})"
-        t.rows.append([name, str(m.get("tree_nodes") or "-"), str(m.get("questions") or "-"),
+        t.rows.append([name, tree_nodes(m), str(m.get("questions") or "-"),
                        fmt_speedup(m["speedup"]), fmt_speedup(m.get("decode_speedup")), fmt_length(m["accept_length"]),
                        fmt_rate(m["throughput"]), fmt_rate(m.get("decode_throughput")), versus])
     t.notes.append(f"{ours_label(summary)}, {s.get('max_new_tokens')} new tokens per turn. End to end: per "

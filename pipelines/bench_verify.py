@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
@@ -53,6 +53,7 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
         config = HeadsConfig.for_base(model, family, int(h.num_heads), layers, share_lm_head=share,
                                       draft_vocab_size=None if draft_ids is None else len(draft_ids))
         heads = build_heads(config, model, draft_ids).eval()
+        prepare_heads_for_decoding(heads)                               # as the decoders run them
         generate(model, None, prompt[:32], heads=heads, tree=tree, max_new_tokens=4, stop_token_ids=[])   # warm up
         res = generate(model, None, prompt, heads=heads, tree=tree, sampling=SamplingConfig(),
                        max_new_tokens=settings["new_tokens"], stop_token_ids=[])

@@ -31,7 +31,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 greedy_tree, interpolate_cost, machine_description, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import TreeBuffers, TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
@@ -258,6 +258,7 @@ def calibrate(cfg: DictConfig) -> dict:
     base, tokenizer = load_model(cfg, device=device)
     model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
     prepare_for_decoding(model)                    # the CPU fast paths the decoders run (after the merge)
+    prepare_heads_for_decoding(heads)
     latency = load_latency(cfg, model, device)
     D, K = heads.config.num_heads, int(c.topk)
 

@@ -109,6 +109,12 @@ def select_relabel(train: Dataset, exclude: set[str], positions: int, max_length
     return chosen
 
 
+def jsonl_lines(path: Path) -> list[str]:
+    """The lines of a JSONL file. Split on "\\n" only: str.splitlines() also splits on U+2028, U+0085 and
+    other separators that json.dumps(ensure_ascii=False) writes raw inside strings (ShareGPT has them)."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
 class ShardStore:
     """Finished shards as <folder>/<part>/shard-NNNNN.jsonl plus manifest.json; a new fingerprint starts over."""
 
@@ -126,7 +132,7 @@ class ShardStore:
             for path in sorted((self.folder / part).glob("shard-*.jsonl")):
                 key = f"{part}/{path.stem}"
                 if key not in self.manifest["shards"]:
-                    ids = [json.loads(line)["id"] for line in path.read_text().splitlines()]
+                    ids = [json.loads(line)["id"] for line in jsonl_lines(path)]
                     self.manifest["shards"][key] = {"n": len(ids), "ids": ids}
         self._write_manifest()
 
@@ -151,7 +157,7 @@ class ShardStore:
         self._write_manifest()
 
     def read(self, part: str, index: int) -> list[dict]:
-        return [json.loads(line) for line in self.path(part, index).read_text().splitlines()]
+        return [json.loads(line) for line in jsonl_lines(self.path(part, index))]
 
     def read_all(self, part: str, expected_ids: list[str]) -> list[dict]:
         """Every shard of `part` in order; their ids must be expected_ids exactly."""

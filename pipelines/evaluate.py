@@ -30,6 +30,7 @@ greedy turn of any method differs from its reference, naming question, turn, met
 from __future__ import annotations
 
 import copy
+import json
 import os
 import platform
 import random
@@ -40,11 +41,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from models.measure.latency import relative_step_costs
 from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
                               load_questions, prompt_lookup_generate, rotated, speedup_on_questions_of, spread,
                               summarize_method)
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
 from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import TreeSpec, tree_from_config
@@ -68,11 +70,12 @@ class Method:
     family: str | None = None
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
     tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
+    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
                 "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
-                "reference": self.reference}
+                "reference": self.reference, "cut_by_cost": self.step_cost is not None}
 
 
 # -- 1) which methods ----------------------------------------------------------------------------
@@ -98,16 +101,33 @@ def selection(cfg: DictConfig) -> Selection:
     return Selection("selected", tag, f"evaluate_{tag}", heads, [None])
 
 
-def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpec:
+def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict:
     """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
     if tree_name is None:
-        return tree_from_config(OmegaConf.to_container(cfg.tree, resolve=True))
+        return OmegaConf.to_container(cfg.tree, resolve=True)
     path = REPO_ROOT / "conf" / "tree" / f"{tree_name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"profile.eval.trees names {tree_name!r} but there is no conf/tree/{tree_name}.yaml; known: {known}")
     node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": OmegaConf.load(path)})
-    return tree_from_config(OmegaConf.to_container(node, resolve=True)["tree"])
+    return OmegaConf.to_container(node, resolve=True)["tree"]
+
+
+def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpec:
+    return tree_from_config(tree_config(cfg, tree_name, heads_name))
+
+
+def step_cost_for(tree_cfg: dict, tree: TreeSpec) -> list[float] | None:
+    """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None."""
+    source = tree_cfg.get("cut_by_cost")
+    if not source:
+        return None
+    path = Path(str(source))
+    if not path.is_file():
+        raise FileNotFoundError(f"tree {tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written by "
+                                "`python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
+    prof = json.loads(path.read_text())
+    return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"], tree.num_nodes + 1)
 
 
 def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
@@ -122,11 +142,12 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
                                   reference=None))
         for tree_name in sel.trees:
-            tree = tree_for(cfg, tree_name, name)
+            tree_cfg = tree_config(cfg, tree_name, name)
+            tree = tree_from_config(tree_cfg)
             tree.check_heads(heads.config.num_heads)
             tree_option = tree_name or cfg.tree.name
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
-                                  reference, tree_option))
+                                  reference, tree_option, step_cost_for(tree_cfg, tree)))
     if cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]
@@ -134,6 +155,9 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     # too; after the LoRA merges, which change the weights
     for m in {id(m.model): m.model for m in methods}.values():
         log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
+    for m in methods:
+        if m.heads is not None:
+            prepare_heads_for_decoding(m.heads)
     return methods
 
 
@@ -182,7 +206,7 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
                                       None if ours.tokens_per_ngram is None else int(ours.tokens_per_ngram))
     return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
-                    drafter=drafter)
+                    drafter=drafter, step_cost=method.step_cost)
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

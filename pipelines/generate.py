@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.engine.trees import tree_from_config
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
@@ -88,6 +88,8 @@ def main(cfg: DictConfig) -> None:
     model, tok = load_model(cfg)
     model, heads = load_draft_heads(cfg, model)
     prepare_for_decoding(model)                       # after a LoRA merge: CPU fast paths on the final weights
+    if heads is not None:
+        prepare_heads_for_decoding(heads)
     tree = tree_from_config(cfg.tree) if heads is not None else None
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),

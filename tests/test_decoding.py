@@ -465,3 +465,48 @@ def test_time_step_rewinds_state_and_drafter(family):
             tokens, _ = decode_step(state, drafter, max_depth=min(3, 12 - len(got) - 1))
             got += tokens
     assert got[:12] == want.new_tokens
+
+
+# -- trees cut per step by cost (conf/tree/dynamic.yaml) ----------------------------------------------
+
+
+def test_cut_by_cost_keeps_the_nodes_that_pay_for_themselves():
+    from models.engine.decoding import cut_by_cost
+
+    probs = [1.0, 0.6, 0.1, 0.5, 0.05]           # node 3 is node 1's child (0.6 * 0.83), nodes 2 and 4 are weak
+    flat = [1.0, 1.0, 1.0, 1.0, 1.0]
+    assert cut_by_cost(probs, flat) == (0, 1, 2, 3, 4)                    # free tokens: keep everything
+    assert cut_by_cost(probs, [1.0, 100.0, 100.0, 100.0, 100.0]) == (0,)  # dear tokens: a plain step
+    # (1 + .6) / 1.1 = 1.45, (1 + .6 + .5) / 1.2 = 1.75, (2.1 + .1) / 1.5 = 1.47: the two likely nodes
+    assert cut_by_cost(probs, [1.0, 1.1, 1.2, 1.5, 1.6]) == (0, 1, 3)
+    assert cut_by_cost([1.0, 0.3, 0.3], [1.0, 1.2, 1.2]) == (0, 1, 2)        # ties: the parent first
+    assert cut_by_cost([1.0, 0.9, 0.9], [1.0, 1.0]) == (0, 1)                # no cost known for 3 tokens
+
+
+def test_subtree_buffers_keep_the_node_order():
+    spec = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+    buf = TreeBuffers.build(spec)
+    sub = buf.subtree((0, 1, 3, 6))                # root, (0,), (0, 0), (0, 0, 0)
+    assert sub.spec.paths == ((0,), (0, 0), (0, 0, 0)) and sub.num_tokens == 4
+    assert sub.parent.tolist() == [-1, 0, 1, 2] and buf.subtree((0, 1, 3, 6)) is sub
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_a_tree_cut_by_cost_stays_lossless(family):
+    """Greedy output equals the baseline whatever the cut keeps: everything, nothing (plain steps) or a
+    confidence-dependent part of the tree."""
+    model, tok = build_tiny_model(arch="llama", seed=3)
+    ids = cyclic_prompt(model, tok)
+    heads = random_heads(model, family)
+    tree = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+    want = generate(model, tok, ids, max_new_tokens=30, stop_token_ids=[])
+    whole = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[])
+    free = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[], step_cost=[1.0] * 7)
+    dear = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[],
+                    step_cost=[1.0] + [50.0] * 6)
+    some = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[],
+                    step_cost=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5])
+    for res in (whole, free, dear, some):
+        assert res.new_tokens == want.new_tokens
+    assert free.accept_lengths == whole.accept_lengths
+    assert dear.accept_lengths == [1] * 29 and dear.timings["draft"] > 0      # drafted, then cut to the root

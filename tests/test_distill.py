@@ -218,3 +218,15 @@ def test_a_settings_change_regenerates_only_its_source(distill_cfg):
     stats = distill.run_distill(cfg)
     assert stats["self"]["shards_generated_now"] == 0 and stats["relabel"]["shards_relabelled_now"] >= 1
     assert stats["train"]["self"]["conversations"] == 8
+
+
+def test_shards_keep_records_with_unicode_line_separators(tmp_path):
+    """ShareGPT text holds U+2028 and U+0085, which json.dumps(ensure_ascii=False) writes raw: a shard must still
+    read back one record per line (str.splitlines() would cut them, as a cpu-profile run found)."""
+    from pipelines.distill import ShardStore
+
+    records = [{"id": "a", "text": "line\u2028separator"}, {"id": "b", "text": "next\x85line\x1cfile"}]
+    store = ShardStore(tmp_path / "shards", "f" * 16, {"shard_size": 2})
+    store.write("train", 0, records, {"new_tokens": 3})
+    again = ShardStore(tmp_path / "shards", "f" * 16, {"shard_size": 2})
+    assert again.read("train", 0) == records and again.read_all("train", ["a", "b"]) == records

@@ -255,3 +255,28 @@ def test_broken_method_fails_losslessness_naming_question_turn_position(stage_cf
     assert not report["passed"] and {f["position"] for f in report["failures"]} == {3}
     assert report["methods"]["hydra-sparse64"]["failures"] == 0
     assert (tmp_path / "results" / "eval" / "all" / "summary.json").is_file()
+
+
+def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cfg, tmp_path):
+    """tree=dynamic: results/calibrate/<heads>/trees/budget_16.json cut per step with results/calibrate/latency.json."""
+    from omegaconf import open_dict
+
+    from pipelines.evaluate import run_evaluation
+
+    cal = tmp_path / "results" / "calibrate"
+    (cal / "hydra" / "trees").mkdir(parents=True)
+    paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
+    (cal / "hydra" / "trees" / "budget_16.json").write_text(json.dumps({"name": "hydra_budget16", "paths": paths,
+                                                                         "topk": 10}))
+    (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
+                                                  "baseline_step_s": 0.01}))
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.trees = ["dynamic"]
+        stage_cfg.profile.eval.families = ["hydra"]
+        stage_cfg.profile.eval.repeats = 1
+        stage_cfg.eval.prompt_lookup.enabled = False
+    summary = run_evaluation(stage_cfg)
+    m = summary["methods"]["hydra-dynamic"]
+    assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "hydra_budget16"
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
+    assert report["passed"] and report["methods"]["hydra-dynamic"]["checked_turns"] == 4

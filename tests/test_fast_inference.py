@@ -54,6 +54,29 @@ def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
     assert spec.new_tokens == base_stock
 
 
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_prepared_heads_draft_the_same_tokens(family):
+    """prepare_heads_for_decoding packs the blocks, the prefix layer and the frozen draft-vocabulary LM heads;
+    the drafts, and so every step, stay the same."""
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.heads import HeadsConfig, build_heads
+
+    model, tok = build_tiny_model("llama", seed=2)
+    config = HeadsConfig.for_base(model, family, 3, 1, share_lm_head=True, draft_vocab_size=64)
+    heads = build_heads(config, model, torch.arange(3, 67)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn_like(p))             # not the identity blocks a fresh head starts as
+    prompt = list(range(10, 70))
+    stock = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
+    prepare_for_decoding(model)
+    n = prepare_heads_for_decoding(heads)
+    assert n >= 3 and all(is_packed(layer) for layer in heads.output_layers())
+    fast = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
+    assert fast.new_tokens == stock.new_tokens and fast.accept_lengths == stock.accept_lengths
+
+
 def test_packed_linear_steps_aside_for_training_and_changed_weights(tiny_model):
     model, _ = tiny_model
     lin = model.get_decoder().layers[0].mlp.up_proj

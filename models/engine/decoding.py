@@ -40,7 +40,7 @@ from models.engine.projection import project
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
 __all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "FixedDrafter", "DecodeState",
-           "prefill", "decode_step", "time_step", "generate"]
+           "prefill", "decode_step", "time_step", "generate", "cut_by_cost"]
 
 
 @dataclass
@@ -195,15 +195,40 @@ class StepDrafter(Protocol):
         """Forget every position from `position` on, as if decoding had stopped there (DecodeState.rewind)."""
 
 
+def cut_by_cost(node_probs: list[float], step_cost: list[float]) -> tuple[int, ...]:
+    """The nodes worth verifying: node_probs[i] = the heads' probability that node i is accepted (the product of
+    their probabilities along its path; node 0 = root, 1), step_cost[m - 1] = the cost of a step verifying m
+    tokens. Keeps the n most probable nodes, n maximising expected tokens per cost (1 + their probabilities) /
+    step_cost[n]; -> node indices, root first, rising. A child is never more probable than its parent, so every
+    kept node's parent is kept (ties go to the lower index: the parent)."""
+    order = sorted(range(1, len(node_probs)), key=lambda i: (-node_probs[i], i))
+    best_n, best, gain = 0, 1.0 / step_cost[0], 1.0
+    for n, i in enumerate(order[:len(step_cost) - 1], start=1):
+        gain += node_probs[i]
+        if gain / step_cost[n] > best:
+            best_n, best = n, gain / step_cost[n]
+    return tuple(sorted([0, *order[:best_n]]))
+
+
 class TreeDrafter:
-    """Draft heads on a fixed tree (models.engine.drafting.Drafter), the tree cut to max_depth near the limits."""
+    """Draft heads on a fixed tree (models.engine.drafting.Drafter), the tree cut to max_depth near the limits.
+
+    step_cost (relative cost of a step verifying 1, 2, ... tokens; e.g. the latency profile): every step keeps
+    only the drafted nodes that pay for their verify cost by the heads' own probabilities (cut_by_cost; no
+    node: a plain 1-token step). Greedy and typical acceptance only: sampled drafts keep the whole tree (their
+    acceptance rule needs every draw below a parent)."""
 
     def __init__(self, heads, tree: TreeSpec | TreeBuffers, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, step_cost: list[float] | None = None):
         spec = tree.spec if isinstance(tree, TreeBuffers) else tree
         spec.check_heads(heads.config.num_heads)
         self.buf = TreeBuffers.build(spec)
         self.heads_drafter = Drafter(heads, sampling, generator)
+        self.step_cost = None if step_cost is None or sampling.samples_drafts else [float(c) for c in step_cost]
+        if self.step_cost is not None:
+            if len(self.step_cost) < 1 or min(self.step_cost) <= 0:
+                raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
+            self.heads_drafter.track_probs = True
 
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
         self.heads_drafter.start(hidden)
@@ -212,6 +237,10 @@ class TreeDrafter:
         spec = self.buf.spec
         buf = self.buf if max_depth >= spec.depth else TreeBuffers.build(spec.truncated(max_depth))
         tokens, draft_q = self.heads_drafter.draft(root, buf)
+        if self.step_cost is not None and buf.num_tokens > 1:
+            keep = cut_by_cost(self.heads_drafter.node_probs.tolist(), self.step_cost)
+            if len(keep) < buf.num_tokens:
+                buf, tokens = buf.subtree(keep), tokens[list(keep)]
         return buf, tokens, draft_q
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
@@ -371,9 +400,9 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffers | None = None,
              sampling: SamplingConfig | None = None, max_new_tokens: int = 128, stop_token_ids=None,
-             on_tokens=None, drafter: StepDrafter | None = None) -> GenerationResult:
+             on_tokens=None, drafter: StepDrafter | None = None, step_cost: list[float] | None = None) -> GenerationResult:
     """Decode one answer: with `heads` on `tree`, with another `drafter` (e.g. prompt lookup), or
-    neither: the autoregressive baseline.
+    neither: the autoregressive baseline. step_cost: cut the tree at every step (TreeDrafter).
 
     on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are emitted (streaming).
     """
@@ -396,7 +425,7 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
             raise ValueError("pass either heads (with a tree) or a drafter, not both")
         if tree is None:
             raise ValueError("speculative decoding needs a tree (TreeSpec or TreeBuffers); pass heads=None for the baseline")
-        drafter = TreeDrafter(heads, tree, sampling, generator)
+        drafter = TreeDrafter(heads, tree, sampling, generator, step_cost)
     accept_lengths: list[int] = []
     if max_new_tokens <= 0:
         return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")

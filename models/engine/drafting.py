@@ -43,6 +43,9 @@ class Drafter:
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         self.history: list[tuple[int, torch.Tensor]] = []   # (positions seen, h then) of the last advances (rewind)
+        self.track_probs = False                        # draft() fills node_probs (greedy and typical drafts)
+        self.last_probs = None
+        self.node_probs = None                          # [N]: product of the heads' probabilities root -> node
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
@@ -78,12 +81,16 @@ class Drafter:
 
     # -- proposals -----------------------------------------------------------------------------
     def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None)."""
+        """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None).
+        With track_probs, self.last_probs = the heads' softmax probability of each proposal [R, k]."""
         if k > logits.shape[-1]:
             raise ValueError(f"the tree asks for {k} ranks per node but the heads score only {logits.shape[-1]} "
                              "tokens (draft_vocab_size): use a tree with fewer ranks or a larger draft vocabulary")
         if not self.sampling.samples_drafts:
-            picks, q = torch.topk(logits, k, dim=-1).indices, None
+            top = torch.topk(logits, k, dim=-1)
+            picks, q = top.indices, None
+            if self.track_probs:                    # softmax at the top-k: exp(l - logsumexp(l))
+                self.last_probs = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
         else:
             q = warp_probs(logits, self.sampling)
             race = torch.empty_like(q).exponential_(generator=self.generator)
@@ -102,6 +109,12 @@ class Drafter:
             return self.heads.head_logits(k, hidden, path)
         return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
 
+    def note_probs(self, level, probs: torch.Tensor) -> None:
+        """After pick for one depth: probs [P, R] of its proposals -> node_probs of the level's nodes."""
+        if self.node_probs is not None and probs is not None:
+            parent_p = self.node_probs[level.parents[level.parent_slot]]
+            self.node_probs[level.nodes] = parent_p * probs[level.parent_slot, level.ranks].float().cpu()
+
     def all_heads_logits(self, depth: int) -> torch.Tensor:
         """Heads 0..depth-1 on h_t alone (no path: Medusa) -> [depth, Vd]."""
         if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one [depth, h] x [h, Vd] product
@@ -113,6 +126,7 @@ class Drafter:
         """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q [V] of its children (or None)."""
         tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=self.h.device)
         tokens[0] = root
+        self.node_probs = torch.ones(buf.num_tokens) if self.track_probs else None
         if not buf.levels:
             return tokens, None
         q_of = self.family.draft(self, tokens, buf)                                  # parent -> q [Vd]

@@ -106,3 +106,13 @@ def prepare_for_decoding(model) -> dict:
     """Both speed-ups, where they apply (CPU float32 for the linears, SDPA models for the attention)."""
     return {"packed_linears": pack_linears(model), "attention": GQA_FOLDED if use_folded_gqa(model) else
             getattr(model.config, "_attn_implementation", None)}
+
+
+def prepare_heads_for_decoding(heads) -> int:
+    """Packed linears for draft heads too (blocks, own LM heads, the Hydra++ prefix layer, and the frozen
+    draft-vocabulary LM heads they end in): drafting runs a few of these 1-2 row products per step, each
+    bound by reading its weights. Returns how many were packed."""
+    n = pack_linears(heads)
+    if hasattr(heads, "output_layers"):
+        n += sum(pack_linears(layer) for layer in heads.output_layers() if not is_packed(layer))
+    return n

@@ -127,6 +127,7 @@ class TreeBuffers:
     parent_list: list[int]       # the nodes with children (the rows acceptance needs logits for)
     parent_row: torch.Tensor     # [N] long: row of a node in parent_list, -1 for leaves
     _masks: dict = field(default_factory=dict, repr=False)
+    _subtrees: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -135,6 +136,15 @@ class TreeBuffers:
     @staticmethod
     def build(spec: TreeSpec) -> "TreeBuffers":
         return _build_cached(spec)
+
+    def subtree(self, keep: tuple[int, ...]) -> "TreeBuffers":
+        """The buffers of the tree made of nodes `keep` (root 0 first, rising, every parent kept); its nodes
+        keep their relative order, so tokens[list(keep)] are its tokens. Cached per node set."""
+        if keep not in self._subtrees:
+            nodes = sorted(self.spec.paths, key=lambda p: (len(p), p))             # node i + 1 of these buffers
+            self._subtrees[keep] = TreeBuffers.build(
+                TreeSpec(f"{self.spec.name}[{len(keep) - 1}]", tuple(nodes[i - 1] for i in keep[1:]), self.spec.topk))
+        return self._subtrees[keep]
 
     def additive_mask(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype and device)."""

@@ -178,6 +178,11 @@ class DraftHeads(nn.Module):
             self._frozen_linear = {"key": key, "linear": lin}
         return self._frozen_linear["linear"]
 
+    def output_layers(self) -> list[nn.Linear]:
+        """output_layer(k) of every head (the same module for heads sharing the frozen LM head)."""
+        layers = [self.output_layer(k) for k in range(self.config.num_heads)]
+        return list({id(layer): layer for layer in layers}.values())
+
     # -- draft vocabulary ----------------------------------------------------------------------
     def to_token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Positions in the draft vocabulary (e.g. top-k indices of draft_logits) -> token ids."""

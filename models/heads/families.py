@@ -86,13 +86,16 @@ class HeadFamily:
 
     def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
         """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the drafter's proposals; -> {parent: q [Vd]}
-        when proposals are sampled. Medusa: head k sees h_t only, so all heads run once and every parent of a
+        when proposals are sampled; drafter.note_probs(level, probs) after each depth (for step_cost cuts). Medusa: head k sees h_t only, so all heads run once and every parent of a
         depth gets the same proposals."""
         q_of = {}
         K = max(level.num_ranks for level in buf.levels)
         picks, q = drafter.pick(drafter.all_heads_logits(len(buf.levels)), K)     # [D, K], [D, Vd]
+        probs = drafter.last_probs
         for d, level in enumerate(buf.levels):
             tokens[level.nodes] = picks[d, level.ranks]
+            if probs is not None:                  # the same proposals under every parent: row d for all of them
+                drafter.note_probs(level, probs[d].expand(level.parents.numel(), -1))
             if q is not None:
                 q_of.update({int(p): q[d] for p in level.parents})
         return q_of
@@ -132,6 +135,7 @@ class Hydra(HeadFamily):
             path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
             picks, q = drafter.pick(drafter.head_logits(d, drafter.h.expand(P, -1), path), level.num_ranks)
             tokens[level.nodes] = picks[level.parent_slot, level.ranks]
+            drafter.note_probs(level, drafter.last_probs)
             if q is not None:
                 q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
         return q_of

@@ -42,7 +42,7 @@ def load_questions(path: str | Path, num_questions: int | None = None) -> list[Q
     if not path.is_file():
         raise FileNotFoundError(f"question file {path} does not exist; run `dvc repro assets` first")
     questions = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         row = json.loads(line)

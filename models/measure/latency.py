@@ -46,3 +46,22 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
             "forward_s": med_fwd, "forward_lm_head_s": med_full,
             "relative": [t / one for t in med_full], "relative_forward": [t / one for t in med_fwd],
             "all_forward_lm_head_s": [full[n] for n in sizes]}
+
+
+def relative_step_costs(sizes, seconds, baseline_s: float, max_tokens: int) -> list[float]:
+    """Cost of a step verifying m = 1..max_tokens tokens relative to the baseline's 1-token step: the profile
+    (sizes [n], seconds [n]) interpolated linearly in m, extrapolated from its last two sizes past the end."""
+    pts = sorted(zip((int(n) for n in sizes), (float(s) for s in seconds)))
+    if not pts or pts[0][0] != 1:
+        raise ValueError(f"the latency profile must start at 1 token, got sizes {list(sizes)}")
+    out = []
+    for m in range(1, max_tokens + 1):
+        lo = max((p for p in pts if p[0] <= m), key=lambda p: p[0])
+        hi = min((p for p in pts if p[0] >= m), key=lambda p: p[0], default=None)
+        if hi is None:                                        # past the profile: its last slope
+            (n0, s0), (n1, s1) = pts[-2] if len(pts) > 1 else pts[-1], pts[-1]
+            hi, lo = (n1, s1), (n0, s0)
+        (n0, s0), (n1, s1) = lo, hi
+        s = s0 if n1 == n0 else s0 + (s1 - s0) * (m - n0) / (n1 - n0)
+        out.append(s / baseline_s)
+    return out
