@@ -72,3 +72,15 @@ def smollm_dir() -> Path:
     build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json",
                  art / "raw" / "mt_bench_question.jsonl", reuse=True)
     return art / "models" / "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one torch thread (and the CI machine's 2 cores are shared); modules opt in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

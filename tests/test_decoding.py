@@ -73,13 +73,7 @@ class OracleHeads(nn.Module):
         return hidden
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and the CI machine's 2 cores are shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
 
 
 @pytest.fixture(scope="module", params=["llama", "mistral", "qwen2"])
@@ -510,3 +504,22 @@ def test_a_tree_cut_by_cost_stays_lossless(family):
         assert res.new_tokens == want.new_tokens
     assert free.accept_lengths == whole.accept_lengths
     assert dear.accept_lengths == [1] * 29 and dear.timings["draft"] > 0      # drafted, then cut to the root
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_greedy_reference_is_the_models_own_generate_past_the_first_cache_capacity(arch):
+    """Our baseline loop shares its cache and projection code with the speculative one, so it is checked against
+    transformers' own generate(do_sample=False) too, on a prompt that makes the KV cache outgrow its first
+    capacity (MIN_CAPACITY rows) while decoding."""
+    model, tok = build_tiny_model(arch=arch, seed=5, max_position_embeddings=1024)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(tok), (MIN_CAPACITY - 20,), generator=g).tolist()
+    new = 60                                          # the cache grows from 236 to 296 rows: past 256
+    hf = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                        pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)[0, len(ids):].tolist()
+    ours = generate(model, tok, ids, max_new_tokens=new, stop_token_ids=[])
+    assert ours.new_tokens == hf
+    for family in ("medusa", "hydra_pp"):
+        spec = generate(model, tok, ids, heads=random_heads(model, family), max_new_tokens=new, stop_token_ids=[],
+                        tree=TreeSpec("t", ((0,), (1,), (0, 0), (0, 0, 0)), topk=2))
+        assert spec.new_tokens == hf

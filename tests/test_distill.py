@@ -16,13 +16,7 @@ from pipelines import distill
 from pipelines.prepare import FEATURES
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster than two, and the two cores are shared with other work."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
 
 
 def write_prepared(path, tokenizer, n_train=16, n_val=2):

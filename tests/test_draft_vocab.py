@@ -21,12 +21,7 @@ from pipelines.common import REPO_ROOT
 FAMILIES = ("medusa", "hydra", "hydra_pp")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
 
 
 # -- the vocabulary ---------------------------------------------------------------------------------

@@ -18,12 +18,7 @@ from models.heads import HeadsConfig
 from models.engine.trees import TreeBuffers, dense_tree
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
 
 
 def chi2_pvalue(counts: Counter, expected: dict, n: int) -> float:
