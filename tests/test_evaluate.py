@@ -277,6 +277,6 @@ def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cf
         stage_cfg.eval.prompt_lookup.enabled = False
     summary = run_evaluation(stage_cfg)
     m = summary["methods"]["hydra-dynamic"]
-    assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "hydra_budget16"
+    assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "dynamic"
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["hydra-dynamic"]["checked_turns"] == 4
