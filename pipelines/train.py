@@ -131,6 +131,9 @@ def unigram_baseline(train_labels, val_labels) -> float:
 def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torch.Tensor | None, float]:
     """(draft_ids [Vd] or None, share of the val answer tokens inside): the most frequent train answer tokens."""
     size = cfg.profile.train.get("draft_vocab_size")
+    if size is not None and int(size) >= vocab_size:
+        log.info("draft_vocab_size=%s >= the model's vocabulary (%d): the heads score the full vocabulary", size, vocab_size)
+        size = None
     if size is None:
         return None, 1.0
     ids = most_frequent(answer_token_counts(data["train"][1], vocab_size), int(size))
