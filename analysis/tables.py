@@ -267,22 +267,27 @@ def calibration_table(summary: dict, calibrations: dict[str, dict]) -> Table | N
 
 def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None) -> Table | None:
     """Speedup of the calibrated tree beside the fixed trees, per heads (issue: is optimal the fastest?)."""
-    fixed = [t for t in method_trees(summary) if t != "optimal"]
+    cut = {m["tree"] for m in summary["methods"].values() if m["kind"] == "heads" and m.get("cut_by_cost")}
+    fixed = [t for t in method_trees(summary) if t != "optimal" and t not in cut]
+    cut = [t for t in method_trees(summary) if t in cut]          # cut per step (tree=dynamic): not fixed
     heads_names = list(dict.fromkeys(m["heads"] for m in summary["methods"].values()
                                      if m["kind"] == "heads" and m.get("tree") == "optimal"))
     if not heads_names:
         return None
     t = Table("tree_choice", "Tree choice: the calibrated tree (tree=optimal) beside the fixed trees, speedup (ours)",
-              ["Heads", *fixed, "optimal", "Optimal nodes", "Predicted (calibrate)", "Optimal vs best fixed"])
+              ["Heads", *fixed, "optimal", *cut, "Optimal nodes", "Predicted (calibrate)", "Optimal vs best fixed"])
     for heads in heads_names:
         opt = find_method(summary, heads, "optimal")
-        ms = {tree: find_method(summary, heads, tree) for tree in fixed}
-        best = max((m["speedup"]["mean"] for m in ms.values() if m and m["speedup"].get("mean") is not None), default=None)
+        ms = {tree: find_method(summary, heads, tree) for tree in [*fixed, *cut]}
+        best = max((ms[tree]["speedup"]["mean"] for tree in fixed
+                    if ms[tree] and ms[tree]["speedup"].get("mean") is not None), default=None)
         o = opt["speedup"].get("mean")
         verdict = "-" if best is None or o is None else f"{o / best:.2f}x " + ("(at least as fast)" if o >= best else "(slower)")
         pred = (calibrations or {}).get(heads, {}).get("chosen", {}).get("predicted_speedup")
         t.rows.append([heads, *[fmt_speedup(ms[tree]["speedup"] if ms[tree] else None) for tree in fixed],
-                       fmt_speedup(opt["speedup"]), str(opt.get("tree_nodes") or "-"),
+                       fmt_speedup(opt["speedup"]),
+                       *[fmt_speedup(ms[tree]["speedup"] if ms[tree] else None) for tree in cut],
+                       str(opt.get("tree_nodes") or "-"),
                        "-" if pred is None else f"{pred:.2f}x", verdict])
     t.notes.append(f"{ours_label(summary)}; the trees were calibrated for this model on this machine "
                    "(results/calibrate/<heads>/optimal_tree.json).")

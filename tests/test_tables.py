@@ -164,3 +164,15 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     csv_lines = (tmp_path / "reports" / "speedup.csv").read_text().splitlines()
     assert csv_lines[0].startswith("method,heads,tree,tree_nodes,speedup") and len(csv_lines) == 1 + 11
     assert "decode_speedup" in csv_lines[0].split(",") and any(line.startswith("pld_hf,") for line in csv_lines)
+
+
+def test_a_tree_cut_per_step_is_shown_but_not_counted_as_fixed(summary):
+    summary["methods"]["medusa1-optimal"] = method("heads", "medusa1", "optimal", 4, speedup=1.45)
+    dynamic = method("heads", "medusa1", "dynamic", 16, speedup=1.5)
+    summary["methods"]["medusa1-dynamic"] = {**dynamic, "cut_by_cost": True}
+    tables = build_tables(summary)
+    md = to_markdown(tables["tree_choice"])
+    header = md.splitlines()[2]
+    assert header.index("optimal") < header.index("dynamic") < header.index("Optimal nodes")
+    assert "1.50x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / dynamic 1.5
+    assert "<= 16" in to_markdown(tables["speed"])
