@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from models.base import build_tiny_model
+from models.measure.latency import interpolate_cost
 from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
-                                greedy_tree, interpolate_cost, predicted_accept_length, predicted_tokens_per_s,
+                                greedy_tree, predicted_accept_length, predicted_tokens_per_s,
                                 replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
                                 top1_unconditional)
 from models.heads import HeadsConfig, build_heads

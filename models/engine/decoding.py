@@ -234,8 +234,7 @@ class TreeDrafter:
         self.heads_drafter.start(hidden)
 
     def draft(self, root: int, max_depth: int):
-        spec = self.buf.spec
-        buf = self.buf if max_depth >= spec.depth else TreeBuffers.build(spec.truncated(max_depth))
+        buf = self.buf.to_depth(max_depth)
         tokens, draft_q = self.heads_drafter.draft(root, buf)
         if self.step_cost is not None and buf.num_tokens > 1:
             keep = cut_by_cost(self.heads_drafter.node_probs.tolist(), self.step_cost)
@@ -251,21 +250,18 @@ class TreeDrafter:
 
 
 class FixedDrafter:
-    """Proposes the same tokens below every root: a chain of `drafts` (or the nodes of `tree`). For timing the
-    step at a given size (models/measure/latency.py) and for tests; it keeps no state, so rewinding is free."""
+    """Proposes the same chain of `drafts` below every root. For timing the step at a given size
+    (models/measure/latency.py) and for tests; it keeps no state, so rewinding is free."""
 
-    def __init__(self, drafts, tree: TreeSpec | None = None):
+    def __init__(self, drafts):
         self.drafts = torch.as_tensor(drafts, dtype=torch.long).flatten()
-        spec = tree or chain_tree(self.drafts.numel(), name=f"fixed{self.drafts.numel()}")
-        self.buf = TreeBuffers.build(spec)
-        if self.buf.num_tokens != self.drafts.numel() + 1:
-            raise ValueError(f"the tree has {self.buf.num_tokens - 1} nodes but {self.drafts.numel()} drafts were given")
+        self.buf = TreeBuffers.build(chain_tree(self.drafts.numel(), name=f"fixed{self.drafts.numel()}"))
 
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
         self.drafts = self.drafts.to(input_ids.device)
 
     def draft(self, root: int, max_depth: int):
-        buf = self.buf if max_depth >= self.buf.spec.depth else TreeBuffers.build(self.buf.spec.truncated(max_depth))
+        buf = self.buf.to_depth(max_depth)
         tokens = torch.cat([self.drafts.new_tensor([root]), self.drafts])[:buf.num_tokens]
         return buf, tokens, None
 

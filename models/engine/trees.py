@@ -137,6 +137,10 @@ class TreeBuffers:
     def build(spec: TreeSpec) -> "TreeBuffers":
         return _build_cached(spec)
 
+    def to_depth(self, max_depth: int) -> "TreeBuffers":
+        """These buffers without nodes deeper than max_depth (near the context or token limit)."""
+        return self if max_depth >= self.spec.depth else TreeBuffers.build(self.spec.truncated(max_depth))
+
     def subtree(self, keep: tuple[int, ...]) -> "TreeBuffers":
         """The buffers of the tree made of nodes `keep` (root 0 first, rising, every parent kept); its nodes
         keep their relative order, so tokens[list(keep)] are its tokens. Cached per node set."""

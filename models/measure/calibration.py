@@ -286,16 +286,6 @@ def machine_description(device: str = "cpu") -> dict:
     return info
 
 
-def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
-    """Piecewise-linear in the number of tokens; linear extrapolation from the last two points beyond."""
-    x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
-    order = np.argsort(x)
-    x, y = x[order], y[order]
-    if n > x[-1] and len(x) > 1:
-        return float(y[-1] + (n - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2]))
-    return float(np.interp(n, x, y))
-
-
 def predicted_tokens_per_s(accept_length: float, verify_s: float, draft_s: float) -> float:
     return accept_length / (verify_s + draft_s)
 

@@ -13,7 +13,9 @@ slow phase of a shared machine hits every size alike.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from models.engine.acceptance import SamplingConfig
@@ -48,20 +50,19 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
             "all_forward_lm_head_s": [full[n] for n in sizes]}
 
 
+def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
+    """Piecewise-linear in the number of tokens; linear extrapolation from the last two points beyond."""
+    x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    if n > x[-1] and len(x) > 1:
+        return float(y[-1] + (n - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2]))
+    return float(np.interp(n, x, y))
+
+
 def relative_step_costs(sizes, seconds, baseline_s: float, max_tokens: int) -> list[float]:
     """Cost of a step verifying m = 1..max_tokens tokens relative to the baseline's 1-token step: the profile
-    (sizes [n], seconds [n]) interpolated linearly in m, extrapolated from its last two sizes past the end."""
-    pts = sorted(zip((int(n) for n in sizes), (float(s) for s in seconds)))
-    if not pts or pts[0][0] != 1:
+    (sizes [n], seconds [n]) interpolated by interpolate_cost."""
+    if not len(sizes) or min(int(n) for n in sizes) != 1:
         raise ValueError(f"the latency profile must start at 1 token, got sizes {list(sizes)}")
-    out = []
-    for m in range(1, max_tokens + 1):
-        lo = max((p for p in pts if p[0] <= m), key=lambda p: p[0])
-        hi = min((p for p in pts if p[0] >= m), key=lambda p: p[0], default=None)
-        if hi is None:                                        # past the profile: its last slope
-            (n0, s0), (n1, s1) = pts[-2] if len(pts) > 1 else pts[-1], pts[-1]
-            hi, lo = (n1, s1), (n0, s0)
-        (n0, s0), (n1, s1) = lo, hi
-        s = s0 if n1 == n0 else s0 + (s1 - s0) * (m - n0) / (n1 - n0)
-        out.append(s / baseline_s)
-    return out
+    return [interpolate_cost(sizes, seconds, m) / baseline_s for m in range(1, max_tokens + 1)]
