@@ -15,10 +15,11 @@ Training data for the heads, in the base model's own words, from two sources (`s
      relabel_max_length tokens, the training length) are covered.
   2) produce the missing shards (shard_size conversations each), self first: each finished shard is
      written to a temporary file and renamed into place, then its manifest is updated. A run killed at
-     any point and started again skips the finished shards: no finished sample is lost and none is
-     written twice. Shards live in data/distill-shards/<model.name>/{self,relabel}/, outside the DVC
-     output (DVC deletes an output before it reruns the stage); each source has its own fingerprint, so
-     changing one source's settings keeps the other's shards.
+     any point and started again skips the finished shards (a shard whose manifest entry a kill cut off
+     is made again, its stats with it): no finished sample is lost and none is written twice. Shards
+     live in data/distill-shards/<model.name>/{self,relabel}/, outside the DVC output (DVC deletes an
+     output before it reruns the stage); each source has its own fingerprint, so changing one source's
+     settings keeps the other's shards.
   3) tokenise the self conversations (assistant-only labels, profile.prepare.max_length), add the
      relabelled rows, write the DatasetDict at data.distilled_dir (prepare's columns + source) and
      reports/metrics/distill.json (rates, answer positions and conversations per source, shares).
@@ -128,12 +129,13 @@ class ShardStore:
             shutil.rmtree(self.folder)
             old = None
         self.manifest = old or {"fingerprint": fingerprint, "settings": settings, "shards": {}}
-        for part in parts:  # a shard renamed into place just before a kill, its manifest entry not yet written
+        for part in parts:  # a shard renamed into place just before a kill, its manifest entry (and the stats of
+            # the report) not yet written: made again, so that the totals count every shard's stats
             for path in sorted((self.folder / part).glob("shard-*.jsonl")):
-                key = f"{part}/{path.stem}"
-                if key not in self.manifest["shards"]:
-                    ids = [json.loads(line)["id"] for line in jsonl_lines(path)]
-                    self.manifest["shards"][key] = {"n": len(ids), "ids": ids}
+                if f"{part}/{path.stem}" not in self.manifest["shards"]:
+                    log.warning("distill shard %s has no manifest entry (killed before its write): making it again",
+                                path)
+                    path.unlink()
         self._write_manifest()
 
     def path(self, part: str, index: int) -> Path:

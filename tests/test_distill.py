@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -134,44 +137,212 @@ def dataset_rows(folder) -> dict:
     return {split: out[split].to_list() for split in out}
 
 
-def test_both_sources_resume_after_kills_to_the_uninterrupted_dataset(distill_cfg, tmp_path, monkeypatch):
-    whole = distill_cfg(f"paths.data={tmp_path / 'whole'}", f"paths.reports={tmp_path / 'whole_reports'}")
-    stats = distill.run_distill(whole)
-    cfg = distill_cfg()
-    # 1) killed in the 3rd self shard, 2) killed in the 2nd relabel shard, 3) finished
-    real_gen, real_relabel = HFGenerator.__call__, distill.relabel_conversations
-    calls = {"gen": 0, "relabel": 0}
+class Spy:
+    """Which conversations each generation call and each relabel call of a distill run served (read back from
+    their tokens: the prepared questions name their conversation); run(cfg, kill={"gen": n}) raises
+    KeyboardInterrupt at that run's n-th generation call instead (or relabel call), as a kill would."""
 
-    def gen_then_kill(self, prompts, seed, on_batch=None):
-        calls["gen"] += 1
-        if calls["gen"] == 5:
-            raise KeyboardInterrupt("simulated kill")
-        return real_gen(self, prompts, seed, on_batch)
+    def __init__(self, monkeypatch, tokenizer):
+        self.tokenizer, self.calls, self.kill = tokenizer, {}, {}
+        real_gen, real_relabel = HFGenerator.__call__, distill.relabel_conversations
 
-    def relabel_then_kill(*args, **kwargs):
-        calls["relabel"] += 1
-        if calls["relabel"] == 2:
-            raise KeyboardInterrupt("simulated kill")
-        return real_relabel(*args, **kwargs)
+        def gen(generator, prompts, seed, on_batch=None):
+            self.record("gen", prompts)
+            return real_gen(generator, prompts, seed, on_batch)
 
-    monkeypatch.setattr(HFGenerator, "__call__", gen_then_kill)
-    monkeypatch.setattr(distill, "relabel_conversations", relabel_then_kill)
-    shards = Path(cfg.paths.data) / "distill-shards" / cfg.model.name
-    finished = []
-    for _ in range(2):
-        with pytest.raises(KeyboardInterrupt):
+        def relabel(model, input_ids, *args, **kwargs):
+            self.record("relabel", input_ids)
+            return real_relabel(model, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(HFGenerator, "__call__", gen)
+        monkeypatch.setattr(distill, "relabel_conversations", relabel)
+
+    def record(self, kind: str, token_lists) -> None:
+        ids = []
+        for tokens in token_lists:
+            split, i = re.search(r"(train|val) question (\d+)\?", self.tokenizer.decode(list(tokens))).groups()
+            ids.append(f"{split}{i}_0")
+        self.calls[kind].append(ids)
+        if self.kill.get(kind) == len(self.calls[kind]):
+            raise KeyboardInterrupt(f"simulated kill in {kind} call {len(self.calls[kind])}")
+
+    def run(self, cfg, kill: dict | None = None) -> dict | None:
+        self.calls, self.kill = {"gen": [], "relabel": []}, kill or {}
+        if not kill:
+            return distill.run_distill(cfg)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
             distill.run_distill(cfg)
-        assert not list(shards.glob("*/*/*.tmp"))
-        finished.append({p: p.read_bytes() for p in shards.glob("*/*/shard-*.jsonl")})
-    assert len(finished[0]) == 2 and all(p.parts[-3] == "self" for p in finished[0])   # 2 self shards, no relabel yet
-    assert len(finished[1]) == 5                                                       # all 4 self + 1 relabel shard
-    resumed = distill.run_distill(cfg)
-    for path, content in finished[1].items():          # finished shards were not written again
-        assert path.read_bytes() == content
-    assert resumed["relabel"]["shards_relabelled_now"] == resumed["relabel"]["shards"] - 1
+
+    def served(self, kind: str) -> Counter:
+        """How many calls of the last run each conversation was in."""
+        return Counter(cid for call in self.calls[kind] for cid in call)
+
+
+def shard_folder(cfg) -> Path:
+    return Path(cfg.paths.data) / "distill-shards" / cfg.model.name
+
+
+def shard_files(cfg) -> dict[str, bytes]:
+    """{"self/train/shard-00000.jsonl": content, ...}: every finished shard file of both sources."""
+    folder = shard_folder(cfg)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.glob("*/*/shard-*.jsonl"))}
+
+
+def manifest_entries(cfg) -> dict[str, dict]:
+    """{"self/train/shard-00000": entry without its timing, ...} of both sources' manifests."""
+    out = {}
+    for source in distill.SOURCES:
+        manifest = json.loads((shard_folder(cfg) / source / "manifest.json").read_text())
+        out.update({f"{source}/{key}": {k: v for k, v in entry.items() if k != "seconds"}
+                    for key, entry in manifest["shards"].items()})
+    return out
+
+
+def shard_work(whole_entries: dict, source: str, keys, turns: int) -> Counter:
+    """The calls the shards `keys` of a source cost, per conversation: `turns` generation calls each for
+    self (one per user turn), one relabel call for relabel."""
+    return Counter({cid: turns for key in keys for cid in whole_entries[f"{source}/{key}"]["ids"]})
+
+
+TIMINGS = ("generation_s", "new_tokens_per_s", "relabel_s", "tokens_per_s", "positions_per_s", "wall_time_s",
+           "shards_generated_now", "shards_relabelled_now")
+
+
+def without_timings(stats: dict) -> dict:
+    """The run's report less what depends on the clock or on what this very run produced."""
+    return {k: without_timings(v) if isinstance(v, dict) else v for k, v in stats.items() if k not in TIMINGS}
+
+
+@pytest.fixture
+def resume_case(distill_cfg, tmp_path, tiny_tokenizer, monkeypatch):
+    """(spy, uninterrupted cfg, its report, its manifest entries, cfg of the run to kill and resume).
+
+    The uninterrupted run: 4 self shards (train 3+3+2, val 2 conversations) of 2 generation calls each (one
+    per user turn, none dropped), and relabel shards of 1 relabel call each."""
+    spy = Spy(monkeypatch, tiny_tokenizer)
+    whole = distill_cfg(f"paths.data={tmp_path / 'whole'}", f"paths.reports={tmp_path / 'whole_reports'}")
+    stats = spy.run(whole)
+    entries = manifest_entries(whole)
+    self_keys = [k.split("/", 1)[1] for k in entries if k.startswith("self/")]
+    relabel_keys = [k.split("/", 1)[1] for k in entries if k.startswith("relabel/")]
+    assert self_keys == ["train/shard-00000", "train/shard-00001", "train/shard-00002", "val/shard-00000"]
+    assert len(relabel_keys) >= 2 and stats["self"]["turns_dropped"] == 0
+    assert len(spy.calls["gen"]) == 8 and spy.served("gen") == shard_work(entries, "self", self_keys, 2)
+    assert (len(spy.calls["relabel"]) == len(relabel_keys)
+            and spy.served("relabel") == shard_work(entries, "relabel", relabel_keys, 1))
+    return spy, whole, stats, entries, distill_cfg()
+
+
+def assert_resumed_to_the_uninterrupted_run(cfg, resumed: dict, whole, stats: dict, entries: dict) -> None:
+    """Same shard files (no record lost or written twice), same manifest entries (stats included), no temporary
+    file left, the same dataset records in the same order, the same report."""
+    assert not list(shard_folder(cfg).rglob("*.tmp"))
+    assert shard_files(cfg) == shard_files(whole)
+    assert manifest_entries(cfg) == entries
     assert dataset_rows(cfg.data.distilled_dir) == dataset_rows(whole.data.distilled_dir)
-    for key in ("train", "val"):
-        assert resumed[key] == stats[key]
+    assert without_timings(resumed) == without_timings(stats)
+
+
+def test_both_sources_resume_after_kills_to_the_uninterrupted_dataset(resume_case):
+    spy, whole, stats, entries, cfg = resume_case
+    relabel_keys = [k.split("/", 1)[1] for k in entries if k.startswith("relabel/")]
+    # 1) killed in the 3rd self shard's first call: train shards 0 and 1 finished, no relabel yet
+    spy.run(cfg, kill={"gen": 5})
+    assert not list(shard_folder(cfg).rglob("*.tmp"))
+    assert list(shard_files(cfg)) == ["self/train/shard-00000.jsonl", "self/train/shard-00001.jsonl"]
+    # 2) rerun, killed in the 2nd relabel call: only the self shards left over were generated
+    spy.run(cfg, kill={"relabel": 2})
+    assert len(spy.calls["gen"]) == 4
+    assert spy.served("gen") == shard_work(entries, "self", ["train/shard-00002", "val/shard-00000"], 2)
+    assert spy.calls["relabel"][0] == entries["relabel/train/shard-00000"]["ids"]   # then killed in the next one
+    assert not list(shard_folder(cfg).rglob("*.tmp"))
+    finished = {p: (p.stat().st_ino, p.read_bytes()) for p in shard_folder(cfg).glob("*/*/shard-*.jsonl")}
+    assert len(finished) == 5                                                       # all 4 self + 1 relabel shard
+    # 3) rerun to the end: no generation, the relabel shards after the first only
+    resumed = spy.run(cfg)
+    assert spy.calls["gen"] == [] and len(spy.calls["relabel"]) == len(relabel_keys) - 1
+    assert spy.served("relabel") == shard_work(entries, "relabel", relabel_keys[1:], 1)
+    for path, (inode, content) in finished.items():    # finished shards were not written again
+        assert (path.stat().st_ino, path.read_bytes()) == (inode, content)
+    assert resumed["self"]["shards_generated_now"] == 0
+    assert resumed["relabel"]["shards_relabelled_now"] == resumed["relabel"]["shards"] - 1
+    assert_resumed_to_the_uninterrupted_run(cfg, resumed, whole, stats, entries)
+
+
+class KillInShardWrite:
+    """distill's `os` whose fsync, at the n-th shard write of a run, kills it: the shard's temporary file stays
+    behind whole (flushed, not renamed) or, partial=True, cut in half as if the kill came mid-write."""
+
+    def __init__(self, n: int, partial: bool):
+        self.n, self.partial, self.writes = n, partial, 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fsync(self, fd: int) -> None:
+        self.writes += 1
+        if self.writes == self.n:
+            if self.partial:
+                os.ftruncate(fd, os.fstat(fd).st_size // 2)
+            raise KeyboardInterrupt("simulated kill in a shard write")
+        os.fsync(fd)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["whole_tmp", "partial_tmp"])
+def test_a_leftover_temporary_shard_is_made_again(resume_case, monkeypatch, partial):
+    spy, whole, stats, entries, cfg = resume_case
+    relabel_keys = [k.split("/", 1)[1] for k in entries if k.startswith("relabel/")]
+    # killed in the write of the 2nd self shard, before its rename
+    monkeypatch.setattr(distill, "os", KillInShardWrite(2, partial))
+    with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+        spy.run(cfg)
+    monkeypatch.setattr(distill, "os", os)
+    tmp = shard_folder(cfg) / "self" / "train" / "shard-00001.jsonl.tmp"
+    left = tmp.read_bytes()
+    whole_shard = shard_files(whole)["self/train/shard-00001.jsonl"]
+    assert (left == whole_shard) if not partial else (0 < len(left) < len(whole_shard))
+    assert list(shard_files(cfg)) == ["self/train/shard-00000.jsonl"]
+    # the rerun makes the shard again (and those after it), not shard 0
+    resumed = spy.run(cfg)
+    assert len(spy.calls["gen"]) == 6
+    assert spy.served("gen") == shard_work(entries, "self", ["train/shard-00001", "train/shard-00002",
+                                                             "val/shard-00000"], 2)
+    assert len(spy.calls["relabel"]) == len(relabel_keys)
+    assert resumed["self"]["shards_generated_now"] == 3
+    assert_resumed_to_the_uninterrupted_run(cfg, resumed, whole, stats, entries)
+
+
+@pytest.mark.parametrize("source, key", [("self", "train/shard-00001"), ("relabel", "train/shard-00000")])
+def test_a_kill_between_the_shard_rename_and_its_manifest_write(resume_case, monkeypatch, source, key):
+    """The shard is in place, its manifest entry (with its stats) is not: the rerun makes it again, so that
+    neither a record nor the shard's stats in the report are lost, and no record is there twice."""
+    spy, whole, stats, entries, cfg = resume_case
+    keys = {s: [k.split("/", 1)[1] for k in entries if k.startswith(f"{s}/")] for s in distill.SOURCES}
+    real_write = distill.ShardStore._write_manifest
+
+    def write_then_kill(store):
+        if store.folder.name == source and key in store.manifest["shards"]:
+            raise KeyboardInterrupt("simulated kill before the manifest write")
+        real_write(store)
+
+    monkeypatch.setattr(distill.ShardStore, "_write_manifest", write_then_kill)
+    with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+        spy.run(cfg)
+    monkeypatch.setattr(distill.ShardStore, "_write_manifest", real_write)
+    assert f"{source}/{key}.jsonl" in shard_files(cfg)                               # renamed into place
+    manifest = json.loads((shard_folder(cfg) / source / "manifest.json").read_text())
+    assert key not in manifest["shards"]                                               # its entry not written
+    resumed = spy.run(cfg)
+    # the shard without a manifest entry and those after it are made again, the others are not
+    later = keys[source][keys[source].index(key):]
+    again = {"self": later if source == "self" else [], "relabel": later if source == "relabel" else keys["relabel"]}
+    assert len(spy.calls["gen"]) == 2 * len(again["self"])
+    assert spy.served("gen") == shard_work(entries, "self", again["self"], 2)
+    assert len(spy.calls["relabel"]) == len(again["relabel"])
+    assert spy.served("relabel") == shard_work(entries, "relabel", again["relabel"], 1)
+    assert resumed["self"]["shards_generated_now"] == len(again["self"])
+    assert resumed["relabel"]["shards_relabelled_now"] == len(again["relabel"])
+    assert_resumed_to_the_uninterrupted_run(cfg, resumed, whole, stats, entries)
 
 
 def test_sources_are_disjoint_and_val_is_self_distilled_only(distill_cfg):
