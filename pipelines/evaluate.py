@@ -26,20 +26,30 @@ questions only (spread over the categories; its speedups are over those question
 Outputs in results/eval/<tag>/: <method>.json (settings, summary, every turn record), summary.json
 (what pipelines.tables reads), lossless_report.json. The stage fails after writing them all when a
 greedy turn of any method differs from its reference, naming question, turn, method and position.
+Resumable: each question of each run, all its methods, is written whole (temporary file + rename) as it
+finishes, to data/eval-records/<model.name>/<tag>/ (outside the DVC output, which DVC deletes before a
+rerun). A run killed and started again reads those back (a half-done question is redone) and writes the
+same outputs: they are computed from the stored records only. The records' fingerprint covers the stage's
+params, questions, resolved trees, heads and model files, code, library versions, hardware and threads;
+when it changes the folder is discarded. A cut-off or foreign record file is redone, a .tmp never read.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import platform
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import transformers
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from tqdm import tqdm
 
 from models.measure.latency import relative_step_costs
@@ -52,6 +62,7 @@ from models.heads import ADAPTER_DIR, load_heads
 from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+from pipelines.deps import import_closure
 
 METHOD_MODES = ("auto", "all", "selected")
 
@@ -219,40 +230,191 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-# -- 3) the benchmark loop -------------------------------------------------------------------------
-def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions,
+# -- 3) per-question results: what a killed run keeps ---------------------------------------------------
+RECORDS_LAYOUT = 1     # bump when a stored result's layout changes: older ones are then redone
+
+
+@dataclass
+class QuestionResult:
+    """One question in one run, all its methods: records[method] = its TurnRecords in turn order, prompts[t - 1]
+    = turn t's input ids, answers = the baseline's answer texts (the history a later turn sees)."""
+    records: dict[str, list[TurnRecord]]
+    prompts: list[list[int]]
+    answers: list[str]
+
+
+def file_digest(path: Path) -> str | None:
+    """sha256 of a file, or of every file under a folder with its relative name; None when it does not exist."""
+    if not path.exists():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 of the stage's code (its import closure, DVC's code deps). Once per process: the code a process
+    runs is what it imported, not what is on disk later."""
+    h = hashlib.sha256()
+    for rel in import_closure("pipelines.evaluate"):
+        h.update(rel.encode() + b"\0" + (REPO_ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def plain(node):
+    """A config node as plain Python, resolved (scalars as they are)."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], questions, device: str) -> tuple[str, dict]:
+    """(hash, settings): everything a stored result depends on. The stage's params (dvc.yaml), the questions,
+    each method as it decodes (resolved tree, step costs, heads files), the model's files, the code, the
+    libraries and the hardware and threads (timings are only comparable there)."""
+    methods_now = [{"name": m.name, **m.describe(), "paths": [list(p) for p in m.tree.paths] if m.tree else None,
+                    "topk": m.tree.topk if m.tree else None, "step_cost": m.step_cost} for m in methods]
+    qtext = json.dumps([[q.question_id, q.category, list(q.turns)] for q in questions])
+    settings = {"layout": RECORDS_LAYOUT, "tag": sel.tag, "mode": sel.mode, "seed": int(cfg.seed),
+                "model": plain(cfg.model), "profile": {"name": cfg.profile.name, "eval": plain(cfg.profile.eval)},
+                "eval": {k: plain(cfg.eval[k]) for k in ("temperature_mode", "category_temperatures", "acceptance",
+                                                           "typical", "prompt_lookup", "rotate_order")},
+                "questions": hashlib.sha256(qtext.encode()).hexdigest()[:16], "methods": methods_now,
+                "files": {str(p): file_digest(p) for p in [Path(str(cfg.model.files))]
+                          + [Path(cfg.paths.results) / "heads" / h for h in sel.heads]},
+                "code": code_digest(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                                                    "transformers": transformers.__version__},
+                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads()}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
+
+
+class RecordStore:
+    """Finished (run, question) results as <folder>/r<run>-q<id>.json, each written whole (a temporary file,
+    fsync, rename) as soon as its question is done, and manifest.json with the fingerprint they belong to.
+    A new fingerprint discards the folder; a file that does not read back as a complete result of this
+    fingerprint is redone; a temporary file is never read."""
+
+    def __init__(self, folder: Path, fingerprint: str, settings: dict):
+        self.folder, self.fingerprint = Path(folder), fingerprint
+        manifest = self.folder / "manifest.json"
+        try:
+            old = json.loads(manifest.read_text()).get("fingerprint") if manifest.is_file() else None
+        except ValueError:
+            old = "unreadable"
+        if old is not None and old != fingerprint:
+            log.warning("evaluate settings, inputs or code changed (fingerprint %s -> %s): discarding the results "
+                        "in %s", old, fingerprint, self.folder)
+            shutil.rmtree(self.folder)
+        write_json(manifest, {"fingerprint": fingerprint, "settings": settings})
+
+    def path(self, run: int, qid: int) -> Path:
+        return self.folder / f"r{run}-q{qid}.json"
+
+    def save(self, run: int, qid: int, result: QuestionResult) -> None:
+        body = {"fingerprint": self.fingerprint, "run": run, "question_id": qid, "prompts": result.prompts,
+                "answers": result.answers,
+                "records": {m: [r.as_dict(with_tokens=True) for r in recs] for m, recs in result.records.items()}}
+        path = self.path(run, qid)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(body))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: the result is either complete or absent
+
+    def load(self, run: int, qid: int, methods: list[str], turns: int) -> QuestionResult | None:
+        """The stored result when it is complete and this fingerprint's, else None (logged: it is redone)."""
+        path = self.path(run, qid)
+        if not path.is_file():
+            return None
+        try:
+            body = json.loads(path.read_text())
+            result = QuestionResult({m: [TurnRecord.from_dict(r) for r in recs] for m, recs in body["records"].items()},
+                                    body["prompts"], body["answers"])
+            problem = self.problem(body, result, run, qid, methods, turns)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            problem = f"unreadable ({type(err).__name__}: {err})"
+        if problem:
+            log.warning("evaluate: %s is %s; redoing run %d question %d", path, problem, run, qid)
+            return None
+        return result
+
+    def problem(self, body: dict, result: QuestionResult, run: int, qid: int, methods: list[str], turns: int):
+        if body["fingerprint"] != self.fingerprint or (body["run"], body["question_id"]) != (run, qid):
+            return "another run's or settings' result"
+        if sorted(result.records) != sorted(methods) or len(result.prompts) != turns or len(result.answers) != turns:
+            return f"incomplete (methods {sorted(result.records)}, {len(result.prompts)} turns)"
+        for name, recs in result.records.items():
+            if [(r.turn, r.run, r.question_id, r.method, r.new_tokens) for r in recs] != \
+                    [(t, run, qid, name, len(r.tokens)) for t, r in enumerate(recs, 1)]:
+                return f"inconsistent (method {name})"
+        return None
+
+
+# -- 4) the benchmark loop -------------------------------------------------------------------------
+def run_question(cfg: DictConfig, order: list[Method], tokenizer, q, run: int, turns: int,
+                 stop_ids: list[int]) -> QuestionResult:
+    """Every turn of one question by every method in `order`, back to back."""
+    temperature = category_temperature(q.category, cfg.eval.temperature_mode,
+                                        OmegaConf.to_container(cfg.eval.category_temperatures))
+    records: dict[str, list[TurnRecord]] = {m.name: [] for m in order}
+    prompts, history = [], []
+    for turn in range(1, turns + 1):
+        ids = chat_input_ids(tokenizer, list(q.turns[:turn]), history)
+        prompts.append(ids)
+        seed = cfg.seed + 1000 * run + 10 * q.question_id + turn
+        for m in order:
+            result = generate_turn(m, tokenizer, ids, cfg, temperature, seed, stop_ids)
+            records[m.name].append(TurnRecord.from_generation(q, turn, m.name, run, temperature, result))
+        base_tokens = records["baseline"][-1].tokens
+        history.append(tokenizer.decode([t for t in base_tokens if t not in stop_ids], skip_special_tokens=True))
+    return QuestionResult(records, prompts, history)
+
+
+def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions, store: RecordStore,
                   subsets: dict[str, set[int]] | None = None) -> tuple[dict, dict, dict]:
     """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts.
-    subsets[method name] = the question ids that method runs on (default: all)."""
+    subsets[method name] = the question ids that method runs on (default: all). Questions finished in the store
+    are read back, the others decoded and stored as each finishes."""
     ev, stop_ids = cfg.profile.eval, stop_token_ids(methods[0].model, tokenizer)
-    turns = int(ev.turns)
     records = {m.name: [[] for _ in range(int(ev.repeats))] for m in methods}
     subsets = subsets or {}
     prompts, answers = {}, {}
-    # warm-up: allocator, kernels and caches settle; short answers do that as well as long ones
-    first = chat_input_ids(tokenizer, [questions[0].turns[0]], [])
-    for m in tqdm(methods, desc="warm-up", leave=False):
-        for _ in range(int(ev.warmup)):
-            generate_turn(m, tokenizer, first, cfg, 0.0, cfg.seed, stop_ids, max_new=min(32, int(ev.max_new_tokens)))
-    bar = tqdm(total=int(ev.repeats) * len(questions), desc="MT-Bench", unit="question")
+    plan = []                      # (run, question, its methods in this question's order, turns)
     for run in range(int(ev.repeats)):
         for qi, q in enumerate(questions):
             order = rotated(methods, qi + run) if cfg.eval.rotate_order else methods
             order = [m for m in order if m.name not in subsets or q.question_id in subsets[m.name]]
-            history: list[str] = []
-            temperature = category_temperature(q.category, cfg.eval.temperature_mode,
-                                                OmegaConf.to_container(cfg.eval.category_temperatures))
-            for turn in range(1, min(turns, len(q.turns)) + 1):
-                ids = chat_input_ids(tokenizer, list(q.turns[:turn]), history)
-                prompts[(run, q.question_id, turn)] = ids
-                seed = cfg.seed + 1000 * run + 10 * q.question_id + turn
-                for m in order:
-                    result = generate_turn(m, tokenizer, ids, cfg, temperature, seed, stop_ids)
-                    records[m.name][run].append(TurnRecord.from_generation(q, turn, m.name, run, temperature, result))
-                base_tokens = records["baseline"][run][-1].tokens
-                history.append(tokenizer.decode([t for t in base_tokens if t not in stop_ids], skip_special_tokens=True))
-            if run == 0:
-                answers[q.question_id] = list(history)
+            plan.append((run, q, order, min(int(ev.turns), len(q.turns))))
+    stored = {(run, q.question_id): store.load(run, q.question_id, [m.name for m in order], turns)
+              for run, q, order, turns in plan}
+    reused = sum(r is not None for r in stored.values())
+    log.info("evaluate: %d of %d (run, question) results reused from %s; %d to decode", reused, len(plan),
+             store.folder, len(plan) - reused)
+    bar = tqdm(total=len(plan), initial=reused, desc="MT-Bench", unit="question")
+    warmed = False
+    for run, q, order, turns in plan:
+        result = stored[(run, q.question_id)]
+        if result is None:
+            if not warmed:     # allocator, kernels and caches settle; short answers do that as well as long ones
+                first = chat_input_ids(tokenizer, [questions[0].turns[0]], [])
+                for m in tqdm(methods, desc="warm-up", leave=False):
+                    for _ in range(int(ev.warmup)):
+                        generate_turn(m, tokenizer, first, cfg, 0.0, cfg.seed, stop_ids,
+                                      max_new=min(32, int(ev.max_new_tokens)))
+                warmed = True
+            result = run_question(cfg, order, tokenizer, q, run, turns, stop_ids)
+            store.save(run, q.question_id, result)
+        for name, recs in result.records.items():
+            records[name][run].extend(recs)
+        for turn, ids in enumerate(result.prompts, 1):
+            prompts[(run, q.question_id, turn)] = ids
+        if run == 0:
+            answers[q.question_id] = list(result.answers)
+        if stored[(run, q.question_id)] is None:
             bar.update(1)
             bar.set_postfix_str(_speed_postfix(records, run))
     bar.close()
@@ -268,7 +430,7 @@ def _speed_postfix(records: dict, run: int) -> str:
     return f"base {b:.1f} tok/s" + (f", best {best} {tps[best] / b:.2f}x" if best and base else "")
 
 
-# -- 4) losslessness -------------------------------------------------------------------------------
+# -- 5) losslessness -------------------------------------------------------------------------------
 def check_lossless(methods: list[Method], records: dict, prompts: dict, tolerance: float) -> dict:
     """Every greedy turn of every method against its reference's tokens (the baseline, or the AR run of
     the same adapted backbone). Mismatches at a float tie (|logit gap| <= tolerance) are reported apart."""
@@ -318,7 +480,7 @@ def failure_message(report: dict) -> str:
     return "\n".join(lines)
 
 
-# -- 5) summaries and files ------------------------------------------------------------------------
+# -- 6) summaries and files ------------------------------------------------------------------------
 def hardware(device: str) -> str:
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(0)} GPU"
@@ -395,7 +557,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         with torch.inference_mode():
             # the budget cut (profile.eval.tree_questions) is for the full run; a selected method runs on all
             subsets = question_subsets(cfg, methods, questions) if sel.mode == "all" else {}
-            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, subsets)
+            store = RecordStore(Path(cfg.paths.data) / "eval-records" / cfg.model.name / sel.tag,
+                                *fingerprint(cfg, sel, methods, questions, device))
+            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, store, subsets)
         greedy = cfg.eval.temperature_mode == "greedy"
         lossless = check_lossless(methods, records, prompts, float(cfg.eval.lossless_tie_tolerance)) \
             if cfg.eval.check_lossless else {"passed": True, "checked": False, "failures": [], "ties": []}

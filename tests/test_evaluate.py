@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
 
 from models.base import build_tiny_model
 from models.engine.decoding import generate
@@ -137,7 +140,7 @@ def stage_cfg(tmp_path, monkeypatch):
             for p in heads.blocks.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
         heads.save(tmp_path / "results" / "heads" / name)
-    overrides = ["model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}",
+    overrides = ["model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}", f"paths.data={tmp_path / 'data'}",
                  f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={qfile}",
                  "profile.eval.num_questions=null", "profile.eval.turns=2", "profile.eval.max_new_tokens=12",
                  "profile.eval.repeats=2", "profile.eval.warmup=1", "profile.eval.trees=[sparse64,chain4]",
@@ -220,6 +223,7 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
     with initialize_config_dir(CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[
             "heads=hydra", "tree=chain4", "model=tiny_random", "profile=smoke", f"paths.results={tmp_path / 'results'}",
+            f"paths.data={tmp_path / 'data'}",
             f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={stage_cfg.data.questions_file}",
             "profile.eval.num_questions=2", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
             "profile.eval.turns=1", "+profile.eval.tree_questions.chain4=1", "eval.prompt_lookup.enabled=false"])
@@ -280,3 +284,201 @@ def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cf
     assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "dynamic"
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["hydra-dynamic"]["checked_turns"] == 4
+
+
+# -- resuming: per-question records survive a killed run ------------------------------------------
+class Killed(BaseException):
+    """The process dying (not an Exception: nothing in the stage catches it)."""
+
+
+TIMING = {"wall_time", "prefill_time", "decode_time", "speedup", "decode_speedup", "throughput", "decode_throughput",
+          "pld_speedups", "speedup_std", "decode_speedup_std", "tokens_per_s", "decode_tokens_per_s",
+          "baseline_tokens_per_s", "baseline_decode_tokens_per_s", "strongest_pld"}
+
+
+def untimed(obj):
+    """obj without the fields a run measures anew (times and what is computed from them), at any depth."""
+    if isinstance(obj, dict):
+        return {k: untimed(v) for k, v in obj.items() if k not in TIMING}
+    if isinstance(obj, list):
+        return [untimed(v) for v in obj]
+    return obj
+
+
+def outputs(tmp_path: Path) -> dict:
+    """Every file the stage writes: results/eval/all/*.json and reports/metrics/evaluate.json."""
+    files = sorted((tmp_path / "results" / "eval" / "all").glob("*.json"))
+    return {p.name: read(p) for p in files + [tmp_path / "reports" / "metrics" / "evaluate.json"]}
+
+
+@pytest.fixture
+def resume_cfg(stage_cfg):
+    """stage_cfg with one family: baseline, hydra-sparse64 (question 1 only), hydra-chain4, pld, pld_hf;
+    2 runs x 2 questions = 4 (run, question) results of 2 turns."""
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.families = ["hydra"]
+    return stage_cfg
+
+
+class Decodes:
+    """The question turns pipelines.evaluate decodes, as (run, question id, turn, method) in order; warm-up
+    generations are counted apart. kill_at = n: the n-th decode (1-based) dies."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.turns, self.warmups, self.kill_at = [], 0, None
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> Decodes:
+    import pipelines.evaluate as ev
+
+    real, seen = ev.generate_turn, Decodes()
+
+    def counted(method, tokenizer, input_ids, cfg, temperature, seed, stop_ids, max_new=None):
+        if max_new is not None:
+            seen.warmups += 1
+        else:   # the stage seeds turn t of question q in run r with seed + 1000 r + 10 q + t
+            run, rest = divmod(seed - cfg.seed, 1000)
+            seen.turns.append((run, rest // 10, rest % 10, method.name))
+            if len(seen.turns) == seen.kill_at:
+                raise Killed
+        return real(method, tokenizer, input_ids, cfg, temperature, seed, stop_ids, max_new)
+    monkeypatch.setattr(ev, "generate_turn", counted)
+    return seen
+
+
+def records_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "eval-records" / "tiny-random-llama" / "all"
+
+
+def test_a_killed_evaluate_resumes_where_it_stopped(resume_cfg, tmp_path, decodes, caplog):
+    from pipelines.evaluate import run_evaluation
+
+    run_evaluation(resume_cfg)                                      # uninterrupted, for reference
+    full, reference = list(decodes.turns), outputs(tmp_path)
+    units = sorted({(r, q) for r, q, _, _ in full})
+    assert units == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    shutil.rmtree(tmp_path / "data")
+    shutil.rmtree(tmp_path / "results" / "eval")
+
+    # killed in run 1's first question, after its first turn's second method: two questions are done
+    decodes.reset()
+    decodes.kill_at = sum(u[0] == 0 for u in full) + 2
+    with pytest.raises(Killed):
+        run_evaluation(resume_cfg)
+    assert {p.name for p in records_dir(tmp_path).glob("r*")} == {"r0-q1.json", "r0-q2.json"}
+    assert not (tmp_path / "results" / "eval" / "all" / "summary.json").exists()
+
+    # the rerun decodes run 1's questions only, in the same order, and writes what the uninterrupted run wrote
+    decodes.reset()
+    with caplog.at_level("INFO", logger="pipelines"):
+        run_evaluation(resume_cfg)
+    assert decodes.turns == [t for t in full if t[0] == 1] and decodes.warmups > 0
+    assert "2 of 4 (run, question) results reused" in caplog.text
+    resumed = outputs(tmp_path)
+    assert set(resumed) == set(reference) and untimed(resumed) == untimed(reference)
+
+    # all done: nothing decoded (nor warmed up), the same files to the last time: a function of the records
+    decodes.reset()
+    run_evaluation(resume_cfg)
+    assert decodes.turns == [] and decodes.warmups == 0 and outputs(tmp_path) == resumed
+
+    # another setting: the stored records are not this run's, every question is decoded again
+    with open_dict(resume_cfg):
+        resume_cfg.eval.prompt_lookup.enabled = False
+    decodes.reset()
+    with caplog.at_level("WARNING", logger="pipelines"):
+        run_evaluation(resume_cfg)
+    assert sorted({(r, q) for r, q, _, _ in decodes.turns}) == units and "discarding" in caplog.text
+
+
+def test_a_cut_off_or_incomplete_record_is_redone_and_a_temporary_file_ignored(resume_cfg, tmp_path, decodes,
+                                                                                 monkeypatch, caplog):
+    from pipelines.evaluate import run_evaluation
+
+    run_evaluation(resume_cfg)
+    full, reference = list(decodes.turns), outputs(tmp_path)
+    folder = records_dir(tmp_path)
+
+    # killed while writing a record, half of it on disk: the record is whole or absent, never half
+    (folder / "r0-q2.json").unlink()
+
+    def die_half_written(fd):
+        os.ftruncate(fd, os.fstat(fd).st_size // 2)
+        raise Killed
+    decodes.reset()
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(os, "fsync", die_half_written)
+        run_evaluation(resume_cfg)
+    assert {(r, q) for r, q, _, _ in decodes.turns} == {(0, 2)}
+    assert not (folder / "r0-q2.json").exists() and (folder / "r0-q2.json.tmp").stat().st_size > 0
+
+    # a record cut off (e.g. by an older non-atomic copy), one missing a method, a stray temporary file beside a
+    # finished record: the first two are redone, the temporary files are never read
+    text = (folder / "r1-q1.json").read_text()
+    (folder / "r1-q1.json").write_text(text[:len(text) // 2])
+    body = read(folder / "r0-q1.json")
+    del body["records"]["pld"]
+    (folder / "r0-q1.json").write_text(json.dumps(body))
+    (folder / "r1-q2.json.tmp").write_text('{"not": "a record"')
+    decodes.reset()
+    with caplog.at_level("INFO", logger="pipelines"):
+        run_evaluation(resume_cfg)
+    assert decodes.turns == [t for t in full if t[:2] != (1, 2)]           # all but run 1's question 2
+    assert "1 of 4 (run, question) results reused" in caplog.text
+    assert "r1-q1.json is unreadable" in caplog.text and "r0-q1.json is incomplete" in caplog.text
+    assert untimed(outputs(tmp_path)) == untimed(reference)
+
+
+def test_the_records_fingerprint_follows_settings_questions_trees_and_heads_files(resume_cfg, tmp_path, caplog):
+    import pipelines.evaluate as ev
+    from pipelines.common import load_model
+
+    def fingerprint(cfg):
+        model, _ = load_model(cfg)
+        sel = ev.selection(cfg)
+        return ev.fingerprint(cfg, sel, ev.build_methods(cfg, model, sel), load_questions(cfg.data.questions_file),
+                              "cpu")[0]
+
+    before = fingerprint(resume_cfg)
+    assert fingerprint(resume_cfg) == before
+    heads = tmp_path / "results" / "heads" / "hydra" / "heads.safetensors"
+    weights = heads.read_bytes()
+    heads.write_bytes(weights[:-1] + bytes([weights[-1] ^ 1]))          # retrained heads: one bit of a weight
+    assert fingerprint(resume_cfg) != before
+    heads.write_bytes(weights)
+    qfile = Path(resume_cfg.data.questions_file)
+    qfile.write_text(qfile.read_text().replace("haiku", "limerick"))
+    assert fingerprint(resume_cfg) != before
+    for key, value in (("profile.eval.turns", 1), ("eval.rotate_order", False), ("profile.eval.trees", ["chain4"])):
+        cfg = resume_cfg.copy()
+        with open_dict(cfg):
+            OmegaConf.update(cfg, key, value)
+        assert fingerprint(cfg) != before, key
+    # a recalibrated tree of the same name (dynamic: results/calibrate/hydra/trees/budget_16.json)
+    trees = tmp_path / "results" / "calibrate" / "hydra" / "trees"
+    trees.mkdir(parents=True)
+    (tmp_path / "results" / "calibrate" / "latency.json").write_text(json.dumps(
+        {"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03], "baseline_step_s": 0.01}))
+    with open_dict(resume_cfg):
+        resume_cfg.profile.eval.trees = ["dynamic"]
+    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [1], [0, 0]], "topk": 10}))
+    dynamic = fingerprint(resume_cfg)
+    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [0, 0], [0, 1]], "topk": 10}))
+    assert fingerprint(resume_cfg) != dynamic
+
+    # a record of another fingerprint is never read: a store opened with a new one starts empty, and a
+    # foreign file in it is redone
+    folder, result = tmp_path / "records", ev.QuestionResult({"baseline": []}, [], [])
+    ev.RecordStore(folder, "a", {}).save(0, 1, result)
+    assert ev.RecordStore(folder, "a", {}).load(0, 1, ["baseline"], 0) == result
+    store = ev.RecordStore(folder, "b", {})
+    assert not store.path(0, 1).exists()
+    ev.RecordStore(folder / "old", "a", {}).save(0, 1, result)
+    (folder / "old" / "r0-q1.json").rename(store.path(0, 1))
+    with caplog.at_level("WARNING", logger="pipelines"):
+        assert store.load(0, 1, ["baseline"], 0) is None
+    assert "another run's or settings' result" in caplog.text

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -145,6 +145,11 @@ class TurnRecord:
         if not with_tokens:
             d.pop("tokens")
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TurnRecord":
+        """The inverse of as_dict(with_tokens=True); a missing field raises KeyError (decode_time is derived)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 # -- Spec-Bench metrics ------------------------------------------------------------------------
