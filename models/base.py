@@ -9,11 +9,13 @@ import os
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig,
-                          PreTrainedTokenizerFast, Qwen2Config)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, GraniteConfig,
+                          LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TINY_ARCHS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+# granite, cohere and gemma2 transform their logits (models/engine/projection.py LOGIT_TRANSFORMS)
+TINY_ARCHS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "granite": GraniteConfig,
+              "cohere": CohereConfig, "gemma2": Gemma2Config}
 # ChatML, the template SmolLM2 and Qwen2 use; the tiny tokenizer gets it too.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
@@ -77,6 +79,8 @@ def build_tiny_model(arch: str = "llama", hidden_size: int = 64, num_layers: int
     )
     if arch == "mistral":
         config.sliding_window = None
+    if arch == "gemma2":                             # its default head_dim is 256 whatever the hidden size
+        config.head_dim = hidden_size // num_attention_heads
     for key, value in config_overrides.items():
         setattr(config, key, value)
     config.name_or_path = f"tiny-random-{arch}"

@@ -2,7 +2,10 @@
 
 The acceptance rule alone (many cheap draws, random p and q) and the whole decoder on a tiny
 model (the first three generated tokens, top_k=3 so there are 27 outcomes, computed exactly
-from the base model) are compared with the target distribution by scipy's chi-square test.
+from the base model's own logits; the first step drafts and verifies a depth-2 tree) are compared
+with the target distribution by scipy's chi-square test, on Llama and on Granite, whose forward
+divides its logits by logits_scaling. Broken variants (accept all, no residual at depth 2, one
+parent's q for all, the logit transform dropped) must fail it.
 """
 from collections import Counter
 
@@ -14,6 +17,7 @@ from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
+from models.engine.projection import BaseLogits, base_logits
 from models.heads import HeadsConfig
 from models.engine.trees import TreeBuffers, dense_tree
 
@@ -91,7 +95,9 @@ def test_acceptance_rule_controls_fail():
 
 
 # -- the whole decoder on a tiny model -------------------------------------------------------------
-TOP_K = 3
+TOP_K, TOKENS = 3, 3                 # the first three new tokens under top_k=3: 27 outcomes
+TREE = dense_tree(2, 2)              # 2 drafts below the root, 2 below each: depth 2 is drafted and verified...
+MAX_NEW = TOKENS + 1                 # ...because the token limit leaves the first step its full depth
 
 
 class NoisyModelHeads(torch.nn.Module):
@@ -101,9 +107,9 @@ class NoisyModelHeads(torch.nn.Module):
     but not equal, so drafts are often accepted and the p/q ratio and the residual both matter.
     """
 
-    def __init__(self, model, prompt):
+    def __init__(self, model, prompt, noise=1.0):
         super().__init__()
-        self.model, self.prompt = model, torch.tensor(prompt)
+        self.model, self.prompt, self.noise = model, torch.tensor(prompt), noise
         self.config = HeadsConfig(family="hydra", num_heads=4, num_layers=1, hidden_size=model.config.hidden_size,
                                   vocab_size=model.config.vocab_size, base_model="noisy-oracle")
 
@@ -111,64 +117,108 @@ class NoisyModelHeads(torch.nn.Module):
         seq = torch.cat([self.prompt.expand(path_tokens.shape[0], -1), path_tokens], 1)     # [P, T + k + 1]
         logits = self.model(seq).logits[:, -1]
         noise = torch.randn(logits.shape, generator=torch.Generator().manual_seed(int(path_tokens.sum())))
-        return logits + 1.0 * noise
+        return logits + self.noise * noise
 
     def prefix_forward(self, hidden, position_ids, cache=None):
         return hidden
 
 
+def make_setup(arch, noise=1.0, **overrides):
+    """(model, tok, prompt, heads, exact distribution of the first TOKENS new tokens from model(ids).logits)."""
+    model, tok = build_tiny_model(arch=arch, seed=7, **overrides)
+    ids = [1, 40, 80, 120, 90, 60, 30, 100]
+    expected = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(TOKENS):
+            grown = {}
+            for seq, p in expected.items():
+                vals, idx = torch.topk(model(torch.tensor([ids + list(seq)])).logits[0, -1], TOP_K)
+                grown.update({seq + (t,): p * pt for t, pt in zip(idx.tolist(), vals.softmax(-1).tolist())})
+            expected = grown
+    return model, tok, ids, NoisyModelHeads(model, ids, noise), expected
+
+
 @pytest.fixture(scope="module")
 def tiny_setup():
-    model, tok = build_tiny_model(arch="llama", seed=7)
-    ids = [1, 40, 80, 120, 90, 60, 30, 100]
-    heads = NoisyModelHeads(model, ids)
-    # exact distribution of the first three new tokens under top-k=3, temperature 1
-    expected = {}
-    with torch.inference_mode():
-        def top(prefix):
-            logits = model(torch.tensor([prefix])).logits[0, -1]
-            vals, idx = torch.topk(logits, TOP_K)
-            return list(zip(idx.tolist(), vals.softmax(-1).tolist()))
-        for a, pa in top(ids):
-            for b, pb in top(ids + [a]):
-                for c, pc in top(ids + [a, b]):
-                    expected[(a, b, c)] = pa * pb * pc
-    return model, tok, ids, heads, expected
+    return make_setup("llama")
+
+
+@pytest.fixture(scope="module")
+def granite_setup():
+    """Granite divides its logits by logits_scaling: 4 turns the top-3 distribution almost uniform (the heads'
+    noise scaled down with it, so that depth 2 is accepted as often as on Llama)."""
+    return make_setup("granite", noise=0.25, logits_scaling=4.0)
 
 
 def decoder_draws(setup, n, heads=True, draft="sample", seed0=0):
+    """Counts of the first TOKENS tokens over n generations, drafted tokens among them, and the draws
+    whose first step accepted drafts at depths 1 and 2."""
     model, tok, ids, hd, _ = setup
-    counts, drafted = Counter(), 0
+    counts, drafted, deep = Counter(), 0, 0
     for i in range(n):
         s = SamplingConfig(temperature=1.0, top_k=TOP_K, acceptance="sampling", draft=draft, seed=seed0 + i)
-        res = generate(model, tok, ids, heads=hd if heads else None, tree=dense_tree(2, 2), sampling=s,
-                       max_new_tokens=3, stop_token_ids=[])
-        counts[tuple(res.new_tokens)] += 1
-        drafted += sum(res.from_draft)
-    return counts, drafted
+        res = generate(model, tok, ids, heads=hd if heads else None, tree=TREE, sampling=s,
+                       max_new_tokens=MAX_NEW, stop_token_ids=[])
+        counts[tuple(res.new_tokens[:TOKENS])] += 1
+        drafted += sum(res.from_draft[:TOKENS])
+        deep += res.accept_lengths[0] == 3
+    return counts, drafted, deep
 
 
 def test_baseline_sampler_matches_model(tiny_setup):
-    counts, _ = decoder_draws(tiny_setup, 400, heads=False)
+    counts, _, _ = decoder_draws(tiny_setup, 400, heads=False)
     assert chi2_pvalue(counts, tiny_setup[-1], 400) > 0.01
 
 
 @pytest.mark.parametrize("draft", ["sample", "topk"])
 def test_speculative_sampler_matches_model(tiny_setup, draft):
     n = 600
-    counts, drafted = decoder_draws(tiny_setup, n, draft=draft, seed0=10_000)
+    counts, drafted, deep = decoder_draws(tiny_setup, n, draft=draft, seed0=10_000)
     assert drafted > 0.3 * n, f"only {drafted} drafted tokens accepted in {n} draws: the test would not test much"
+    assert deep > 0.1 * n, f"only {deep} of {n} first steps accepted a depth-2 draft: depth 2 is barely tested"
     assert chi2_pvalue(counts, tiny_setup[-1], n) > 0.01
 
 
 def test_accept_all_control_fails(tiny_setup, monkeypatch):
     monkeypatch.setitem(acceptance.ACCEPTANCE, "sampling", accept_all)
-    counts, _ = decoder_draws(tiny_setup, 300, seed0=20_000)
+    counts, _, _ = decoder_draws(tiny_setup, 300, seed0=20_000)
     assert chi2_pvalue(counts, tiny_setup[-1], 300) < 0.01
 
 
-def test_expected_outcomes_sum_to_one(tiny_setup):
-    assert abs(sum(tiny_setup[-1].values()) - 1) < 1e-5 and len(tiny_setup[-1]) == TOP_K ** 3
+def no_residual_below_root(tokens, buf, logits, sampling, generator=None, draft_q=None):
+    """Negative control: the real rule, but once every depth-2 draft is rejected the bonus comes from p
+    at their parent instead of the residual."""
+    path, bonus = acceptance.accept_sampling(tokens, buf, logits, sampling, generator, draft_q)
+    if len(path) == 2 and buf.children[path[1]]:
+        bonus = sample(warp_probs(logits.rows([path[1]])[0], sampling), generator)
+    return path, bonus
+
+
+def test_no_residual_at_depth_two_control_fails(tiny_setup, monkeypatch):
+    monkeypatch.setitem(acceptance.ACCEPTANCE, "sampling", no_residual_below_root)
+    counts, _, _ = decoder_draws(tiny_setup, 600, seed0=10_000)
+    assert chi2_pvalue(counts, tiny_setup[-1], 600) < 0.01
+
+
+def test_expected_outcomes_sum_to_one(tiny_setup, granite_setup):
+    for setup in (tiny_setup, granite_setup):
+        assert abs(sum(setup[-1].values()) - 1) < 1e-5 and len(setup[-1]) == TOP_K ** TOKENS
+
+
+def test_sampler_matches_a_model_that_scales_its_logits(granite_setup):
+    """Lossless means the model's own distribution: Granite's logits / logits_scaling, not lm_head's."""
+    n = 600
+    counts, drafted, deep = decoder_draws(granite_setup, n, seed0=30_000)
+    assert drafted > 0.3 * n and deep > 0.1 * n
+    assert chi2_pvalue(counts, granite_setup[-1], n) > 0.01
+
+
+def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
+    """Negative control: the engine on lm_head's logits alone (its check passed before the transform went)."""
+    base_logits(granite_setup[0])
+    monkeypatch.setattr(BaseLogits, "transform", lambda self, logits: logits)
+    counts, _, _ = decoder_draws(granite_setup, 300, seed0=40_000)
+    assert chi2_pvalue(counts, granite_setup[-1], 300) < 0.01
 
 
 @pytest.mark.parametrize("family", ["medusa", "hydra"])

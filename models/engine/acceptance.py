@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from models.engine.projection import project
-
 ACCEPTANCE_RULES = ("greedy", "typical", "sampling")
 
 
@@ -104,7 +102,8 @@ def _uniform(generator: torch.Generator | None) -> float:
 
 
 class NodeLogits:
-    """Base logits of tree nodes, computed on demand from the verify step's hidden states.
+    """Base logits of tree nodes, computed on demand from the verify step's hidden states by base_logits
+    (hidden [R, h] -> logits [R, V]: projection.base_logits(model), the LM head and the model's transform).
 
     Only the rows an acceptance rule asks for go through the LM head (a [rows, h] x [h, V]
     product): the nodes with children in one call, then the last accepted node if it is a leaf.
@@ -115,20 +114,20 @@ class NodeLogits:
 
     EAGER_ROWS = 16
 
-    def __init__(self, hidden: torch.Tensor, lm_head):   # hidden: [N, h]
-        self.hidden, self.lm_head = hidden, lm_head
+    def __init__(self, hidden: torch.Tensor, base_logits):   # hidden: [N, h]
+        self.hidden, self.base_logits = hidden, base_logits
         self.cache: dict[int, torch.Tensor] = {}
         self.seconds = 0.0                                 # time spent in the LM head (part of verification)
 
     def rows(self, nodes: list[int]) -> torch.Tensor:     # -> [len(nodes), V]
         if not nodes:
-            return self.lm_head(self.hidden[:0])
+            return self.base_logits(self.hidden[:0])
         missing = [n for n in nodes if n not in self.cache]
         if missing and not self.cache and len(self.hidden) <= self.EAGER_ROWS:
             missing = list(range(len(self.hidden)))
         if missing:
             start = time.perf_counter()
-            out = project(self.lm_head, self.hidden[missing])
+            out = self.base_logits(self.hidden[missing])
             for n, row in zip(missing, out):
                 self.cache[n] = row
             self.seconds += time.perf_counter() - start

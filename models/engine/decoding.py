@@ -36,7 +36,7 @@ from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
 from models.engine.drafting import Drafter
 from models.engine.kv_cache import keep_accepted, new_cache
-from models.engine.projection import project
+from models.engine.projection import BaseLogits, base_logits
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
 __all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "FixedDrafter", "DecodeState",
@@ -283,11 +283,12 @@ def _zero_timings() -> dict:
 @dataclass
 class DecodeState:
     """One sequence being decoded: `past` positions in the base cache, then `root`, the last emitted
-    token (not yet in the cache). timings: seconds summed over steps: draft, verify (forward + LM head),
-    lm_head (its LM-head share), accept (the rule alone), commit (KV pruning + drafter state).
+    token (not yet in the cache); base_logits: hidden -> the model's own logits (projection.base_logits).
+    timings: seconds summed over steps: draft, verify (forward + LM head), lm_head (its LM-head share, the
+    model's logit transform included), accept (the rule alone), commit (KV pruning + drafter state).
     sync: called before each clock read when timings must be exact on an asynchronous device (time_step)."""
     decoder: torch.nn.Module
-    lm_head: torch.nn.Module
+    base_logits: BaseLogits
     cache: object
     past: int
     root: int
@@ -315,13 +316,13 @@ class DecodeState:
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
             drafter: StepDrafter | None = None) -> DecodeState:
     """The prompt ids [1, T] through the base model -> the state with the first new token as root."""
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
     cache = new_cache()
     hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
-    root = _first_token(project(lm_head, hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
+    root = _first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
     if drafter is not None:
         drafter.start(ids[0], hidden)
-    return DecodeState(decoder, lm_head, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
+    return DecodeState(decoder, logits, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
 
 
 def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_depth: int = 0) -> tuple[list[int], int]:
@@ -340,7 +341,7 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
                                position_ids=torch.tensor([[past]], device=state.device),
                                past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
         t_fwd = state.clock()
-        logits = project(state.lm_head, hidden)[0]                                                  # [V]
+        logits = state.base_logits(hidden)[0]                                                       # [V]
         t3 = state.clock()
         bonus = _first_token(logits, state.sampling, state.generator, speculative=drafter is not None)
         t4 = state.clock()
@@ -352,7 +353,7 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
         # b) verify the tree in one forward, c) accept (the LM head runs only on the rows the rule reads)
         hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)             # [N, h]
         t3 = state.clock()
-        node_logits = NodeLogits(hidden, state.lm_head)
+        node_logits = NodeLogits(hidden, state.base_logits)
         rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
         path, bonus = rule(tokens, buf, node_logits, state.sampling, state.generator, draft_q)
         t4 = state.clock()
@@ -427,6 +428,7 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
         return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")
 
     # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
+    base_logits(model)                                    # its one-time check outside the clock
     t0 = time.perf_counter()
     state = prefill(model, ids, sampling, generator, drafter)
     prefill_time = time.perf_counter() - t0

@@ -1,6 +1,8 @@
 """LM-head products for few rows, fast on a CPU: the baseline step, the verify step and the draft heads.
 
     logits = project(model.get_output_embeddings(), hidden)     # hidden [R, h] -> [R, V], = linear(hidden)
+    logits = base_logits(model)(hidden)     # the model's own logits: the same, then its forward's transform
+                                            # (Granite's scaling, Cohere's scale, Gemma-2's soft-cap), if any
 
 A 49152 x 576 LM head is a fifth of SmolLM2's weights, and nn.Linear's x @ W.T runs badly on MKL
 for a handful of rows. Measured on this 2-core CPU (1 thread, ms, median):
@@ -58,3 +60,82 @@ def project(linear, x: torch.Tensor) -> torch.Tensor:
     if packed is None:
         return linear(x)
     return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()
+
+
+# -- the base model's own logits ---------------------------------------------------------------------
+# Config settings by which a causal LM's forward transforms lm_head's output, in the order it applies them,
+# each as transformers writes it (op, setting, architecture): one place to add a new one.
+LOGIT_TRANSFORMS = (("divide", "logits_scaling", "Granite"), ("multiply", "logit_scale", "Cohere"),
+                    ("softcap", "final_logit_softcapping", "Gemma-2"))
+
+
+def logit_transform(config) -> tuple[tuple[str, str, float], ...]:
+    """(op, setting, value) of every transform the config turns on; () for a plain lm_head (Llama, SmolLM2)."""
+    steps = []
+    for op, name, _ in LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value is not None and not (op != "softcap" and value == 1):
+            steps.append((op, name, float(value)))
+    return tuple(steps)
+
+
+class BaseLogits:
+    """hidden [R, h] -> the base model's next-token logits [R, V]: project(lm_head), then the model's transform
+    of them, with the ops its forward uses (lossless sampling needs its distribution, not lm_head's)."""
+
+    def __init__(self, lm_head, steps: tuple[tuple[str, str, float], ...] = ()):
+        self.lm_head, self.steps = lm_head, steps
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = project(self.lm_head, hidden)
+        return self.transform(logits) if self.steps else logits    # no transform: no extra op
+
+    def transform(self, logits: torch.Tensor) -> torch.Tensor:
+        for op, _, value in self.steps:
+            if op == "divide":
+                logits = logits / value
+            elif op == "multiply":
+                logits = logits * value
+            else:
+                logits = torch.tanh(logits / value) * value
+        return logits
+
+    def describe(self) -> str:
+        return " then ".join(f"{op} by {name}={value:g}" for op, name, value in self.steps) or "no transform"
+
+
+# model -> ((lm_head id, steps), BaseLogits): built and checked once per model, again if its settings change
+_checked: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def base_logits(model) -> BaseLogits:
+    """The engine's logits for `model`, checked once against model(input_ids).logits (check_base_logits)."""
+    lm_head = model.get_output_embeddings()
+    steps = logit_transform(model.config)
+    hit = _checked.get(model)
+    if hit is not None and hit[0] == (id(lm_head), steps):
+        return hit[1]
+    fn = BaseLogits(lm_head, steps)
+    check_base_logits(model, fn)
+    _checked[model] = ((id(lm_head), steps), fn)
+    return fn
+
+
+@torch.inference_mode()
+def check_base_logits(model, fn: BaseLogits, n: int = 4) -> None:
+    """Raise ValueError when fn(last hidden states) is not the model's own output on n tokens: an architecture
+    whose logits the engine cannot reproduce is refused rather than sampled from the wrong distribution."""
+    vocab = fn.lm_head.weight.shape[0]
+    ids = torch.linspace(1, vocab - 1, n).long().to(fn.lm_head.weight.device)[None]
+    ref = model(input_ids=ids, use_cache=False).logits[0]
+    rel = 1e-3 if ref.dtype == torch.float32 else 3e-2                 # float rounding, not a transform
+    ref = ref.float()
+    ours = fn(model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]).float()
+    diff = float((ref - ours).abs().max())
+    if not diff <= rel * max(1.0, float(ref.abs().max())):        # NaN fails too
+        known = ", ".join(f"{name} ({arch})" for _, name, arch in LOGIT_TRANSFORMS)
+        raise ValueError(
+            f"{type(model).__name__} (model_type {model.config.model_type!r}): its own logits differ by up to "
+            f"{diff:.3g} from the engine's (lm_head of the decoder's last hidden state, {fn.describe()}), so its "
+            f"forward transforms them in a way the engine does not reproduce; refusing to decode it. The engine "
+            f"knows the config settings {known}")
