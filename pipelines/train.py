@@ -18,7 +18,9 @@ it against the rest of the config):
      results/checkpoints/<heads>/last.ckpt when it was written for the same settings, and keep the
      weights of the val epoch with the best head-0 top-1;
      Medusa-2 = stage 1 heads only (on the cache) + stage 2 LoRA backbone and heads together
-     (on the first joint_max_train_samples conversations)
+     (on the first joint_max_train_samples conversations); a run killed mid-epoch goes on at the next unseen
+     batch. trainer=ddp (CPU: trainer.accelerator=cpu trainer.devices=N, gloo): each process trains on its
+     share of every batch
   5) heads folder results/heads/<heads> (draft_ids inside, + adapter/ for Medusa-2); per-head val
      top-1/top-5, the best epoch, positions/s and the draft vocabulary's coverage in
      reports/metrics/train_<heads>.json; everything logged to MLflow through Lightning's MLFlowLogger
@@ -112,6 +114,22 @@ def trainer_precision(cfg: DictConfig) -> str:
     return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
 
 
+def on_gpu(cfg: DictConfig) -> bool:
+    """Whether the Trainer runs on GPUs: accelerator gpu/cuda, or auto with one present."""
+    accelerator = str(cfg.trainer.accelerator)
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def cpu_threads(cfg: DictConfig) -> int | None:
+    """profile.train.num_threads; unset under CPU DDP: the cores shared out between the trainer.devices processes."""
+    if cfg.profile.train.get("num_threads"):
+        return int(cfg.profile.train.num_threads)
+    devices = str(cfg.trainer.devices)
+    if not on_gpu(cfg) and devices.isdigit() and int(devices) > 1:
+        return max(1, (os.cpu_count() or 1) // int(devices))
+    return None
+
+
 def make_recipe(cfg: DictConfig) -> Recipe:
     d = OmegaConf.to_container(cfg.heads.recipe, resolve=True)
     d.setdefault("max_warmup_ratio", cfg.profile.train.get("max_warmup_ratio"))
@@ -150,11 +168,11 @@ def run_train(cfg: DictConfig) -> dict:
     if recipe.kind not in family.recipes:
         raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
                          f"it takes {list(family.recipes)}")
-    if t.get("num_threads"):
-        torch.set_num_threads(int(t.num_threads))
+    if cpu_threads(cfg):
+        torch.set_num_threads(cpu_threads(cfg))
     pl.seed_everything(int(cfg.seed), workers=True)
     # each DDP rank (Lightning starts them with LOCAL_RANK set) computes on its own GPU
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu(cfg) else "cpu"
     model, tokenizer = load_model(cfg, device=device)
     model.requires_grad_(False)
     # 1) data
@@ -198,7 +216,7 @@ def run_train(cfg: DictConfig) -> dict:
                       "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
                       "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
                       "enable_progress_bar": bool(t.get("progress_bar", True)),
-                      "use_distributed_sampler": False}   # models/heads/head_data.py's samplers split batches by rank
+                      "use_distributed_sampler": False}   # models/heads/head_data.py's samplers shard by rank
     ckpt_root = Path(cfg.paths.results) / "checkpoints" / h.name
     epochs = effective_epochs(cfg)
     every = t.get("checkpoint_every_n_steps")
@@ -225,7 +243,7 @@ def run_train(cfg: DictConfig) -> dict:
         save_heads(heads, module if module.joint_backbone else None, out_dir)
         metrics = {
             "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
-            "epochs": epochs, "steps": {p: v["steps"] for p, v in parts.items()},
+            "epochs": epochs, "world_size": trainer.world_size, "steps": {p: v["steps"] for p, v in parts.items()},
             "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
             "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()},
             "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},

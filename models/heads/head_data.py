@@ -17,8 +17,12 @@ tokens after its first two tokens (`target_positions`).
   `batch_positions` positions drawn at random from all conversations; row i holds the cached h_t
   ([B, 1, h]) and the tokens x_t .. x_{t+K+1} with their labels ([B, K+2]: the Hydra path and the
   K targets), and `sources` [B, K+2] marks column 0 as the only position the heads read.
-Both samplers draw from (seed, epoch), so a resumed epoch sees the same batches, and under DDP
-each rank takes every world_size-th batch (the Trainer must not add its own sampler).
+Every batch carries `index` [B]: the conversations (or windows) it holds.
+
+Both samplers (ResumableBatches) draw the order from (seed, epoch) and count the batches handed out; the
+loaders (ResumableLoader) give Lightning that state, so a run resumed mid-epoch goes on at the next unseen
+batch. Under DDP each rank takes its share of every batch (the Trainer must not add its own sampler): an
+epoch covers every example once over all ranks, and batch_positions counts positions per optimizer step.
 """
 from __future__ import annotations
 
@@ -70,49 +74,132 @@ def collate(items: list[dict], pad_id: int = 0) -> dict:
     return out
 
 
-def _rank_share(batches: list) -> list:
-    """Under DDP: this rank's batches (every world_size-th, cut to the same count on every rank)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return batches
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return batches[rank: len(batches) - len(batches) % world: world]
+def replica() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) outside torch.distributed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
-class LengthBatches(torch.utils.data.Sampler):
-    """Conversations sorted by length, cut into batches of >= batch_positions positions (the last may hold fewer)."""
+class ResumableBatches(torch.utils.data.Sampler):
+    """Batches of dataset indices in an order fixed by (seed, epoch), resumable mid-epoch.
 
-    def __init__(self, lengths: list[int], positions: list[int], batch_positions: int, shuffle: bool, seed: int = 0):
-        if batch_positions < 1:
-            raise ValueError(f"batch_positions must be >= 1, got {batch_positions}")
-        self.batches, current, count = [], [], 0
-        for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-            current.append(i)
-            count += positions[i]
-            if count >= batch_positions:
-                self.batches.append(current)
-                current, count = [], 0
-        if current:
-            self.batches.append(current)
-        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+    `offset` counts the batches handed out this epoch. Its state (seed, epoch, offset) goes into the
+    checkpoints (ResumableLoader, training.LoaderState); after load_state_dict the next pass starts at batch
+    `offset` of the same order, so a run killed mid-epoch neither repeats nor skips an example.
+    Under DDP every rank walks the same global batches and takes rows rank, rank + world, ... of each:
+    disjoint shares, as many batches on every rank, and about batch_positions positions per optimizer step
+    whatever the world size.
+    """
+
+    def __init__(self, seed: int = 0):
+        self.seed, self.epoch, self.offset = seed, 0, 0
+        self._resume_at = 0
+
+    def epoch_batches(self, epoch: int, world: int = 1) -> list[list[int]]:
+        """The global batches of `epoch` (each holds at least `world` indices)."""
+        raise NotImplementedError
+
+    def rank_batches(self, epoch: int, rank: int, world: int) -> list[list[int]]:
+        """What rank `rank` of `world` trains on in `epoch`."""
+        return [b[rank::world] for b in self.epoch_batches(epoch, world)]
 
     def set_epoch(self, epoch: int) -> None:     # Lightning calls it before every epoch
-        self.epoch = epoch
+        if epoch != self.epoch:
+            self.epoch, self.offset, self._resume_at = epoch, 0, 0
 
     def __iter__(self):
-        order = range(len(self.batches))
-        if self.shuffle:
-            order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        return iter(_rank_share([self.batches[int(i)] for i in order]))
+        rank, world = replica()
+        start, self._resume_at = self._resume_at, 0        # a restored offset serves one pass only
+        self.offset = start
+        for batch in self.rank_batches(self.epoch, rank, world)[start:]:
+            # counted as handed out: the loaders run in the main process (no workers reading ahead), and
+            # Lightning fetches a sized loader's next batch only when it trains on it
+            self.offset += 1
+            yield batch
 
     def __len__(self) -> int:
-        return len(_rank_share(self.batches))
+        return len(self.epoch_batches(self.epoch, replica()[1]))
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler state of seed {state['seed']} cannot resume a sampler of seed {self.seed}")
+        self.epoch, self.offset, self._resume_at = state["epoch"], state["offset"], state["offset"]
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """A DataLoader over a ResumableBatches sampler, with the sampler's state_dict: Lightning counts it as
+    resumable (no warning on a mid-epoch resume); training.fit_resumable saves and restores that state."""
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+class LengthBatches(ResumableBatches):
+    """Conversations sorted by length, cut into batches of >= batch_positions positions (the last may hold fewer);
+    the batch order is shuffled by (seed, epoch) when `shuffle`."""
+
+    def __init__(self, lengths: list[int], positions: list[int], batch_positions: int, shuffle: bool, seed: int = 0):
+        super().__init__(seed)
+        if batch_positions < 1:
+            raise ValueError(f"batch_positions must be >= 1, got {batch_positions}")
+        self.order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+        self.positions, self.batch_positions, self.shuffle = positions, batch_positions, shuffle
+        self._buckets: dict[int, list[list[int]]] = {}
+
+    def buckets(self, world: int = 1) -> list[list[int]]:
+        """The batches in length order; each holds at least `world` conversations, one for every rank."""
+        if world not in self._buckets:
+            if len(self.order) < world:
+                raise ValueError(f"{len(self.order)} conversations cannot give each of {world} ranks one")
+            out, current, count = [], [], 0
+            for i in self.order:
+                current.append(i)
+                count += self.positions[i]
+                if count >= self.batch_positions and len(current) >= world:
+                    out.append(current)
+                    current, count = [], 0
+            if current and len(current) < world:       # too few for every rank: they join the last batch
+                out[-1] = out[-1] + current
+            elif current:
+                out.append(current)
+            self._buckets[world] = out
+        return self._buckets[world]
+
+    def epoch_batches(self, epoch: int, world: int = 1) -> list[list[int]]:
+        batches = self.buckets(world)
+        if not self.shuffle:
+            return batches
+        order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(self.seed + epoch))
+        return [batches[int(i)] for i in order]
+
+
+class ConversationBatches(torch.utils.data.Dataset):
+    """dataset[list of conversation indices] -> their right-padded batch (collate), with their `index` [B]."""
+
+    def __init__(self, data: HeadsDataset, pad_id: int):
+        self.data, self.pad_id = data, pad_id
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: list[int]) -> dict:
+        batch = collate([self.data[i] for i in index], self.pad_id)
+        batch["index"] = torch.as_tensor(index, dtype=torch.long)
+        return batch
 
 
 def conversation_loader(data: HeadsDataset, batch_positions: int, pad_id: int, shuffle: bool,
-                        seed: int = 0) -> torch.utils.data.DataLoader:
+                        seed: int = 0) -> ResumableLoader:
     sampler = LengthBatches([len(x) for x in data.input_ids], [target_positions(y) for y in data.labels],
                             batch_positions, shuffle, seed)
-    return torch.utils.data.DataLoader(data, batch_sampler=sampler, collate_fn=lambda items: collate(items, pad_id))
+    return ResumableLoader(ConversationBatches(data, pad_id), batch_size=None, sampler=sampler)
 
 
 class PositionWindows(torch.utils.data.Dataset):
@@ -145,30 +232,33 @@ class PositionWindows(torch.utils.data.Dataset):
         sources = torch.zeros(window.shape, dtype=torch.bool)
         sources[:, 0] = True
         return {"input_ids": self.ids[window], "labels": self.labels[window], "sources": sources,
-                "hidden": self.hidden.rows(self.rows[j]).unsqueeze(1)}                   # [B, 1, h]
+                "hidden": self.hidden.rows(self.rows[j]).unsqueeze(1), "index": j}      # [B, 1, h]; [B]
 
 
-class WindowBatches(torch.utils.data.Sampler):
+class WindowBatches(ResumableBatches):
     """A fresh random order of all windows each epoch, cut into batches of batch_positions."""
 
     def __init__(self, num_windows: int, batch_positions: int, seed: int = 0):
+        super().__init__(seed)
         if batch_positions < 1:
             raise ValueError(f"batch_positions must be >= 1, got {batch_positions}")
-        self.n, self.size, self.seed, self.epoch = num_windows, batch_positions, seed, 0
+        self.n, self.size = num_windows, batch_positions
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def epoch_batches(self, epoch: int, world: int = 1) -> list[list[int]]:
+        if self.n < world:
+            raise ValueError(f"{self.n} positions cannot give each of {world} ranks one")
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        batches = [order[i:i + self.size] for i in range(0, self.n, self.size)]
+        if len(batches[-1]) < world:                    # too few for every rank: they join the batch before
+            batches[-2].extend(batches.pop())
+        return batches
 
-    def __iter__(self):
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        return iter(_rank_share([order[i:i + self.size] for i in range(0, self.n, self.size)]))
-
-    def __len__(self) -> int:
-        return len(_rank_share(list(range(0, self.n, self.size))))
+    def __len__(self) -> int:                            # without drawing the permutation
+        world, full = replica()[1], -(-self.n // self.size)
+        return full - 1 if 0 < self.n % self.size < world else full
 
 
 def window_loader(data: HeadsDataset, num_heads: int, batch_positions: int, pad_id: int,
-                  seed: int = 0) -> torch.utils.data.DataLoader:
+                  seed: int = 0) -> ResumableLoader:
     windows = PositionWindows(data, num_heads, pad_id)
-    return torch.utils.data.DataLoader(windows, batch_size=None,
-                                       sampler=WindowBatches(len(windows), batch_positions, seed))
+    return ResumableLoader(windows, batch_size=None, sampler=WindowBatches(len(windows), batch_positions, seed))

@@ -99,14 +99,15 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def resolve_precision(precision: str, accelerator: str, cpuinfo: str | None = None) -> str:
-    """`auto`: bf16-mixed on GPUs and on CPUs with bf16 hardware, else 32-true.
+    """`auto`: bf16-mixed on GPUs (accelerator gpu, or auto with one present) and on CPUs with bf16 hardware,
+    else 32-true.
 
     Autocast to bf16 on an AVX2-only CPU emulates every matmul: head training ran ~70x slower
     (20 steps in 25 minutes) than in float32 on such a machine.
     """
     if precision != "auto":
         return precision
-    if accelerator in ("gpu", "cuda"):
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
         return "bf16-mixed"
     return "bf16-mixed" if cpu_has_fast_bf16(cpuinfo) else "32-true"
 
@@ -425,8 +426,25 @@ class BestEpoch(pl.Callback):
                                                               state["history"])
 
 
+class LoaderState(pl.Callback):
+    """The training loader's place (a ResumableLoader's state_dict: seed, epoch, batches done) in the checkpoints,
+    given back on resume. Lightning saves a stateful loader's state itself but never loads it when
+    configure_optimizers asks for estimated_stepping_batches (ours do): that sets the loader up before the
+    checkpoint is restored. Callbacks are restored before it."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+
 class Throughput(pl.Callback):
-    """Training positions (head 0's targets) per second of training steps (forward, backward, optimizer)."""
+    """Training positions (head 0's targets) per second of training steps (forward, backward, optimizer);
+    under DDP the positions of all ranks (each rank trains on its share of every batch)."""
 
     def __init__(self):
         self.positions, self.seconds, self._start = 0, 0.0, None
@@ -437,6 +455,11 @@ class Throughput(pl.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.seconds += time.perf_counter() - self._start
         self.positions += len(head_positions(batch["labels"], 0, batch.get("sources"))[0])
+
+    def on_train_end(self, trainer, module):
+        if trainer.world_size > 1:
+            total = trainer.strategy.reduce(torch.tensor(float(self.positions), device=module.device), reduce_op="sum")
+            self.positions = int(total.item())
 
     @property
     def positions_per_s(self) -> float:
@@ -462,11 +485,11 @@ def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str |
             log.info("resuming from %s", last)
         else:
             log.warning("%s was written for other settings (%s, now %s): starting over", last, saved, fingerprint)
-            shutil.rmtree(ckpt_dir)
+            shutil.rmtree(ckpt_dir, ignore_errors=True)     # under DDP every rank gets here
     module.fingerprint = fingerprint
     # last.ckpt at every epoch end (so a finished run resumes to its final state) and, optionally, every
-    # N optimizer steps. A mid-epoch resume restores step, optimizer and schedule; Lightning restarts the
-    # interrupted epoch's data order (the DataLoader is not resumable).
+    # N optimizer steps. A mid-epoch resume restores step, optimizer and schedule, and a ResumableLoader
+    # (models/heads/head_data.py) goes on at the next unseen batch of the interrupted epoch's order.
     # Both write last.ckpt (no "-v1" copies): it always holds the latest state.
     same = {"dirpath": ckpt_dir, "filename": "{epoch}-{step}", "save_top_k": 0, "save_last": True,
             "enable_version_counter": False}
@@ -474,8 +497,9 @@ def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str |
     if every_n_train_steps:
         checkpoints.append(ModelCheckpoint(**same, every_n_train_steps=every_n_train_steps))
     best = BestEpoch(f"{module.log_prefix}val/top1_head0")
+    resumable = [LoaderState(train_loader)] if hasattr(train_loader, "load_state_dict") else []
     kwargs = {"enable_model_summary": False, "num_sanity_val_steps": 0, **(trainer_kwargs or {})}
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[best, *checkpoints, *callbacks],
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[best, *resumable, *checkpoints, *callbacks],
                          default_root_dir=str(ckpt_dir), **kwargs)
     trainer.fit(module, train_loader, val_loader, ckpt_path=resume)
     best.restore(module)
