@@ -1,17 +1,23 @@
-"""Cleaning rules, assistant-only labels, the seeded grouped split, and the prepare stage end to end."""
+"""Cleaning rules, assistant-only labels, the seeded grouped split, the streamed writing, and the prepare stage
+end to end."""
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import random
+import tracemalloc
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from datasets import load_from_disk
 
+import pipelines.prepare as prepare
 from models.data.conversations import (IGNORE_INDEX, assistant_spans, clean_record, tokenize_conversation,
-                                  tokenize_conversations)
-from pipelines.prepare import run_prepare, split_groups
-
+                                       tokenize_conversations)
+from models.data.sharegpt import iter_json_array
+from pipelines.prepare import FEATURES, prepare_dataset, run_prepare, select_rows, split_groups, write_arrow
 
 
 def H(text):
@@ -178,7 +184,7 @@ def write_cut_sharegpt(path: Path) -> dict:
     assert body.endswith("\n]")
     body = body[:-2] + ",\n "
     path.write_text(body + '{"id": "cut_0", "conversations": [{"from": "human", "value": "never fini', encoding="utf-8")
-    return {"good": 24, "bad": len(bad), "break_at": len(body.encode("utf-8"))}
+    return {"good": 24, "bad": len(bad), "break_at": len(body.encode("utf-8")), "records": recs}
 
 
 @pytest.mark.slow
@@ -221,8 +227,9 @@ def test_prepare_end_to_end_on_a_small_cut_file(tmp_path, compose_cfg, mlflow_ur
     # a second run is deterministic
     stats2 = run_prepare(cfg)
     assert load_from_disk(cfg.data.prepared_dir)["val"]["id"] == dataset["val"]["id"]
-    assert {k: v for k, v in stats2.items() if k != "wall_time_s"} == {k: v for k, v in stats.items()
-                                                                          if k != "wall_time_s"}
+    varies = ("wall_time_s", "peak_rss_mb")
+    assert {k: v for k, v in stats2.items() if k not in varies} == {k: v for k, v in stats.items() if k not in varies}
+    assert 0 < stats["peak_rss_mb"] == runs[0].data.metrics["peak_rss_mb"]
 
 
 def test_prepare_with_nothing_readable_says_so(tmp_path, compose_cfg):
@@ -232,3 +239,86 @@ def test_prepare_with_nothing_readable_says_so(tmp_path, compose_cfg):
         run_prepare(compose_cfg(f"data.raw_file={raw}"))
     with pytest.raises(FileNotFoundError, match="dvc repro assets"):
         run_prepare(compose_cfg(f"data.raw_file={tmp_path / 'missing.json'}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# streaming
+
+
+def test_streamed_rows_are_those_of_the_in_memory_reading_of_a_cut_file(tmp_path, compose_cfg, tiny_tokenizer,
+                                                                       caplog, monkeypatch):
+    monkeypatch.setattr(prepare, "BATCH", 5)  # several tokenised batches, the last one partial
+    raw = tmp_path / "sharegpt.json"
+    expected = write_cut_sharegpt(raw)
+    cfg = compose_cfg(f"data.raw_file={raw}", "profile.prepare.max_length=128", "data.val_fraction=0.2")
+    with caplog.at_level(logging.WARNING, logger="models.data.sharegpt"):
+        stats = prepare_dataset(cfg)
+
+    # the cut is reported once, with every complete record before it read
+    assert stats["records_recovered"] == len(expected["records"]) and stats["break_reason"] == "cut off inside a record"
+    assert stats["truncated_at_byte"] == expected["break_at"]
+    assert [f"{len(expected['records'])} complete records" in r.getMessage() for r in caplog.records
+            if r.name == "models.data.sharegpt"] == [True]
+    # the rows: cleaning and tokenising each complete record in memory, then the same split
+    rows = []
+    for record in expected["records"]:
+        cleaned = clean_record(record)
+        if cleaned.reason is None:
+            ids, labels, _ = tokenize_conversation(tiny_tokenizer, cleaned.messages, max_length=128)
+            if any(x != IGNORE_INDEX for x in labels):
+                rows.append({"id": cleaned.id, "messages": json.dumps(cleaned.messages, ensure_ascii=False),
+                             "input_ids": ids, "labels": labels})
+    is_val = split_groups([r["id"] for r in rows], 0.2, int(cfg.seed))
+    dataset = load_from_disk(cfg.data.prepared_dir)
+    assert dataset["train"].features == FEATURES == dataset["val"].features
+    assert dataset["train"].to_list() == [r for r, v in zip(rows, is_val) if not v]
+    assert dataset["val"].to_list() == [r for r, v in zip(rows, is_val) if v] != []
+    assert (stats["train"], stats["val"]) == (len(dataset["train"]), len(dataset["val"]))
+    out = Path(cfg.data.prepared_dir)
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no staging or tmp folder left
+
+
+def test_select_rows_keeps_order_and_rebatches(tmp_path):
+    path = tmp_path / "rows.arrow"
+    tables = [pa.Table.from_pydict({"id": [f"c{i}_{j}" for j in range(3)], "messages": ["[]"] * 3,
+                                    "input_ids": [[i, j] for j in range(3)], "labels": [[-100, j] for j in range(3)]},
+                                   schema=FEATURES.arrow_schema) for i in range(5)]
+    write_arrow(path, tables)
+    keep = [i % 4 != 1 for i in range(15)]
+    out = list(select_rows(path, keep, rows_per_table=4))
+    assert [t.num_rows for t in out] == [4, 4, 3]
+    assert pa.concat_tables(out).to_pylist() == [r for r, k in zip(pa.concat_tables(tables).to_pylist(), keep) if k]
+    with pytest.raises(ValueError, match="more rows than the split's 14"):
+        list(select_rows(path, keep[:-1]))
+    with pytest.raises(ValueError, match="holds 15 rows, the split 16"):
+        list(select_rows(path, keep + [True]))
+
+
+def write_long_sharegpt(path: Path, n: int) -> int:
+    """n one-pair conversations with 4 kB answers; the bytes each adds to the file."""
+    recs = [rec(H(f"question {i}?"), G(f"answer {i}: " + "dolor sit " * 400), rid=f"chat{i}_0") for i in range(n)]
+    path.write_text(json.dumps(recs))
+    return path.stat().st_size // n
+
+
+def test_memory_does_not_grow_with_the_number_of_conversations(tmp_path, compose_cfg, monkeypatch):
+    """Python allocations (tracemalloc: strings, lists, numpy arrays) at two file sizes: the conversations
+    themselves must not stay in memory (the in-memory prepare grew by about 6x each conversation's bytes)."""
+    monkeypatch.setattr(prepare, "BATCH", 16)  # small batches and reads: the fixed part stays well below the growth
+    monkeypatch.setattr(prepare, "iter_json_array", functools.partial(iter_json_array, chunk_chars=1 << 14))
+
+    def traced_peak(n: int) -> int:
+        raw = tmp_path / f"sharegpt{n}.json"
+        write_long_sharegpt(raw, n)
+        cfg = compose_cfg(f"data.raw_file={raw}", "profile.prepare.max_length=64")
+        tracemalloc.start()
+        try:
+            assert prepare_dataset(cfg)["kept"] == n
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    traced_peak(40)  # warm-up: imports and caches of a first call
+    small, large = traced_peak(40), traced_peak(200)
+    bytes_per_conversation = write_long_sharegpt(tmp_path / "size.json", 1)
+    assert (large - small) / (200 - 40) < 0.5 * bytes_per_conversation
