@@ -1,7 +1,9 @@
 """pytest tests/test_decoding.py: greedy speculative decoding equals the baseline token for token.
 
 Heads: (a) random (almost nothing accepted) and (b) oracles that propose the baseline's own
-continuation (nearly everything accepted); tiny llama / mistral / qwen2 models; chain4, dense
+continuation (everything accepted; or the right token at rank 1-2, or wrong from depth 2: the accepted
+lengths are then known exactly), each checking that the hidden states it reads are the baseline's own
+(no drift in the pruned cache); tiny llama / mistral / qwen2 models; chain4, dense
 and sparse64 trees; stop rules inside an accepted run; the context limit; the KV pruning.
 Prompt lookup (models/engine/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
 equality through the same decode step, its stop rules, lossless sampling with deterministic drafts.
@@ -49,28 +51,80 @@ def random_heads(model, family, seed=0):
 class OracleHeads(nn.Module):
     """Proposes the baseline's own continuation: finds t by the nearest baseline hidden state.
 
-    Same interface as DraftHeads (config, head_logits, prefix_forward); ranks > 0 are random tokens.
+    The snap must be exact: every hidden state the heads read (head_logits: the last accepted token's;
+    prefix_forward, Hydra++: every accepted position's) has to equal a baseline hidden state to float32
+    rounding (SNAP_TOL, relative), at the position the decoder says it is (prefix_forward's position_ids,
+    Hydra's root = the baseline token after t). A decoder whose pruned KV cache drifts (wrong rows kept,
+    stale rows, wrong position ids) fails here even where the nearest state would still give the right token.
+
+    ranks[k]: the rank at which head k proposes the right token, the ranks above it wrong tokens; None: head k
+    never proposes it (scored last). Default: rank 0 for every head. Other ranks are random tokens.
+    Same interface as DraftHeads (config, head_logits, prefix_forward).
     """
 
-    def __init__(self, model, sequence: list[int], family: str, num_heads: int = 4):
+    SNAP_TOL = 1e-5     # measured: < 1e-6 on the tiny models (float32); pruned rows kept in fp16: 1e-5 - 1e-4
+
+    def __init__(self, model, sequence: list[int], family: str, num_heads: int = 4, ranks=None):
         super().__init__()
         self.config = HeadsConfig(family=family, num_heads=num_heads, num_layers=1,
                                   hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size,
                                   base_model="oracle")
         self.seq = torch.tensor(sequence)
+        self.ranks = (0,) * num_heads if ranks is None else tuple(ranks)
+        assert len(self.ranks) == num_heads
         with torch.inference_mode():
             self.H = model.get_decoder()(input_ids=self.seq[None]).last_hidden_state[0]   # [T, h]
+        gaps = self._cdist(self.H, self.H).fill_diagonal_(float("inf"))
+        assert gaps.min() > 1e3 * self.SNAP_TOL * self.H.norm(dim=-1).max(), "baseline hidden states too close to snap"
+        self.calls, self.max_snap = 0, 0.0        # snaps checked; the largest relative distance seen
+
+    @staticmethod
+    def _cdist(a, b):
+        # the exact difference, not |a|^2 + |b|^2 - 2ab (whose rounding, ~1e-3 here, would hide small drift)
+        return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+    def snap(self, flat: torch.Tensor, what: str) -> torch.Tensor:
+        """flat [R, h] -> the baseline positions [R] they equal; fails unless each equals one (to SNAP_TOL)."""
+        dist, t = self._cdist(flat, self.H).min(-1)
+        rel = float((dist / flat.norm(dim=-1)).max())
+        self.calls, self.max_snap = self.calls + 1, max(self.max_snap, rel)
+        assert rel < self.SNAP_TOL, (f"{what}: a hidden state {rel:.2e} (relative) away from every baseline hidden "
+                                     f"state (nearest: position {t.tolist()}): the decoder drifted from the baseline")
+        return t
 
     def head_logits(self, k, hidden, path_tokens=None):
         flat = hidden.reshape(-1, hidden.shape[-1])
-        t = torch.cdist(flat, self.H).argmin(-1)                                       # position of h_t
+        t = self.snap(flat, f"head {k}")                                               # position of h_t
+        if path_tokens is not None:            # Hydra: the path starts at the root, the baseline token after t
+            assert (path_tokens.reshape(flat.shape[0], -1)[:, 0] == self.seq[t + 1]).all(), \
+                f"head {k} reads h_t of position {t.tolist()}, not the root's parent"
         target = self.seq[(t + k + 2).clamp(max=len(self.seq) - 1)]
         logits = torch.randn(flat.shape[0], self.config.vocab_size, generator=torch.Generator().manual_seed(k))
-        logits[torch.arange(flat.shape[0]), target] = 100.0
+        rows, rank, V = torch.arange(flat.shape[0]), self.ranks[k], self.config.vocab_size
+        if rank is None:
+            logits[rows, target] = -100.0                                              # never proposed
+        else:
+            logits[rows, target] = 100.0
+            for i in range(rank):                                                      # wrong tokens above it
+                logits[rows, (target + 1 + i) % V] = 100.0 + rank - i
         return logits.view(*hidden.shape[:-1], -1)
 
     def prefix_forward(self, hidden, position_ids, cache=None):
+        """Hydra++'s prefix layer, the identity here: every accepted position's hidden state is checked."""
+        t = self.snap(hidden.reshape(-1, hidden.shape[-1]), "accepted positions")
+        assert t.tolist() == position_ids.flatten().tolist(), \
+            f"accepted hidden states of positions {t.tolist()} advanced as positions {position_ids.flatten().tolist()}"
         return hidden
+
+
+def oracle_accept_lengths(depth: int, max_new_tokens: int) -> list[int]:
+    """accept_lengths of a greedy run to max_new_tokens when every step accepts `depth` drafts (the draft is cut
+    at the token limit): one bonus token per step."""
+    lengths, n = [], 1                                   # the prefill token
+    while n < max_new_tokens:
+        lengths.append(min(depth, max_new_tokens - n - 1) + 1)
+        n += lengths[-1]
+    return lengths
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
@@ -98,14 +152,61 @@ def test_greedy_random_heads_equal_baseline(tiny, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_oracle_heads_equal_baseline(tiny, family):
+    """A perfect oracle: every step accepts the whole depth of the tree (its rank-0 path), and the hidden states
+    the heads read are the baseline's own (OracleHeads.snap, at every call)."""
     model, tok, ids, base = tiny
     heads = OracleHeads(model, ids + base.new_tokens, family)
     for name, tree in TREES.items():
+        calls = heads.calls
         res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, f"oracle {family} / {name} differs from the baseline"
-        best = tree.depth + 1
-        assert res.mean_accepted_length > 0.75 * best, f"{name}: mean accepted {res.mean_accepted_length}"
+        assert res.accept_lengths == oracle_accept_lengths(tree.depth, 40), f"{name}: {res.accept_lengths}"
         assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps   # drafts = all but prefill + bonuses
+        assert heads.calls - calls >= res.steps                              # the heads ran (and snapped) each step
+    assert heads.max_snap < OracleHeads.SNAP_TOL
+
+
+# Oracles that make acceptance work: ranks[k] = the rank of the right token among head k's proposals (the
+# ranks above it wrong tokens), None = never proposed. -> drafts accepted per step on each tree: the longest
+# prefix of ranks that is a node of the tree (chain4: rank 0 only; dense: ranks 0-1, depth 3; sparse64: see
+# conf/tree/sparse64.yaml, e.g. [1, 1], [2, 0, 0], [0, 2, 1] but not [1, 1, 1]).
+RANKED_ORACLES = {       # the right token among its siblings: acceptance finds it at rank 1 or 2
+    (1, 1, 1, 1): {"chain4": 0, "dense": 3, "sparse64": 2},
+    (2, 0, 0, 0): {"chain4": 0, "dense": 0, "sparse64": 3},
+    (0, 2, 1, 0): {"chain4": 1, "dense": 1, "sparse64": 3},
+    (0, 1, 1, 0): {"chain4": 1, "dense": 3, "sparse64": 3},
+}
+WRONG_AT_DEPTH_2 = {     # right at depth 1, never at depth 2: one draft accepted, then a rejection; the deeper
+    (0, None, 0, 0): {"chain4": 1, "dense": 1, "sparse64": 1},      # heads are right again, below a wrong parent
+    (1, None, 0, 0): {"chain4": 0, "dense": 1, "sparse64": 1},
+    (2, None, None, None): {"chain4": 0, "dense": 0, "sparse64": 1},
+}
+
+
+def check_oracle_variants(tiny, family, variants):
+    model, tok, ids, base = tiny
+    for ranks, depths in variants.items():
+        heads = OracleHeads(model, ids + base.new_tokens, family, ranks=ranks)
+        for name, tree in TREES.items():
+            res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+            assert res.new_tokens == base.new_tokens, f"oracle {ranks} {family} / {name} differs from the baseline"
+            assert res.accept_lengths == oracle_accept_lengths(depths[name], 40), \
+                f"oracle {ranks} / {name}: accepted {res.accept_lengths}, want {depths[name]} drafts per step"
+            assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps
+        assert heads.calls > 0 and heads.max_snap < OracleHeads.SNAP_TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_oracle_right_token_at_rank_1_or_2(tiny, family):
+    """The right token below one or two wrong siblings (trees with topk > 1 at that depth): accepted there."""
+    check_oracle_variants(tiny, family, RANKED_ORACLES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_oracle_wrong_at_depth_2(tiny, family):
+    """Right at depth 1 (rank 0, 1 or 2), wrong at depth 2: every step accepts one draft, rejects the next,
+    and commits a pruned cache the next step must continue from exactly."""
+    check_oracle_variants(tiny, family, WRONG_AT_DEPTH_2)
 
 
 def test_stop_token_inside_accepted_run(tiny):
