@@ -23,24 +23,10 @@ from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows
 from models.heads.hidden_cache import HiddenCache
 from models.heads.training import MODULES, Recipe, fit_resumable
 from pipelines.prepare import FEATURES
+from tests.test_training import conversations, examples   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def conversations(n: int, seed: int = 0) -> list[list[dict]]:
-    """Answers that repeat a short pattern (25 target positions each at max_length 96)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        word = "".join(chr(97 + int(c)) for c in torch.randint(0, 6, (3,), generator=g))
-        out.append([{"role": "user", "content": f"say {word}"}, {"role": "assistant", "content": (word + " ") * 6}])
-    return out
-
-
-def examples(tok, n: int, seed: int = 0):
-    rows = [tokenize_conversation(tok, m, 96) for m in conversations(n, seed)]
-    return [r[0] for r in rows], [r[1] for r in rows]
 
 
 # -- the samplers -------------------------------------------------------------------------------
