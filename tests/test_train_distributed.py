@@ -13,17 +13,14 @@ import textwrap
 import pytest
 import pytorch_lightning as pl
 import torch
-from datasets import Dataset, DatasetDict
 
 from models.base import build_tiny_model
-from models.data.conversations import tokenize_conversation
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
                                     window_loader)
 from models.heads.hidden_cache import HiddenCache
 from models.heads.training import MODULES, Recipe, fit_resumable
-from pipelines.prepare import FEATURES
-from tests.test_training import conversations, examples   # answers that repeat a short pattern
+from tests.test_training import conversations, examples, save_distilled   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,16 +198,7 @@ def test_train_stage_under_ddp_on_two_cpu_processes(compose_cfg, tmp_path):
     overrides = ["model=tiny_random", f"paths.artifacts={REPO_ROOT}/artifacts", f"paths.data={tmp_path / 'data'}",
                  f"paths.results={tmp_path / 'results'}", f"paths.reports={tmp_path / 'reports'}",
                  "mlflow.experiment=ddp", *stage]
-    _, tok = build_tiny_model()
-    parts = {}
-    for split, n, seed in (("train", 8, 0), ("val", 4, 1)):
-        convs = conversations(n, seed)
-        rows = [tokenize_conversation(tok, m, 96) for m in convs]
-        parts[split] = Dataset.from_dict({"id": [f"{split}{i}" for i in range(n)],
-                                          "messages": [json.dumps(m) for m in convs],
-                                          "input_ids": [r[0] for r in rows], "labels": [r[1] for r in rows]},
-                                         features=FEATURES)
-    DatasetDict(parts).save_to_disk(cfg.data.distilled_dir)
+    save_distilled(cfg.data.distilled_dir)
     script = tmp_path / "train_recorded.py"
     script.write_text(textwrap.dedent(RECORDING_SCRIPT))
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RECORD_DIR": str(tmp_path),
@@ -221,6 +209,7 @@ def test_train_stage_under_ddp_on_two_cpu_processes(compose_cfg, tmp_path):
 
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["world_size"], r["backend"], r["strategy"]) for r in records] == [(2, "gloo", "DDPStrategy")] * 2
+    _, tok = build_tiny_model()
     ids, labels = examples(tok, 8, 0)
     windows = len(PositionWindows(HeadsDataset(ids, labels, [None] * 8), 4, tok.pad_token_id))  # Hydra: 4 heads
     for epoch in ("0", "1"):

@@ -50,6 +50,20 @@ def examples(tok, n: int, seed: int = 0):
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
+def save_distilled(path) -> None:
+    """A distilled dataset of pattern conversations (8 train, 4 val) where the train stage reads it."""
+    _, tok = build_tiny_model()
+    parts = {}
+    for split, n, seed in (("train", 8, 0), ("val", 4, 1)):
+        convs = conversations(n, seed)
+        rows = [tokenize_conversation(tok, m, 96) for m in convs]
+        parts[split] = Dataset.from_dict({"id": [f"{split}{i}" for i in range(n)],
+                                          "messages": [json.dumps(m) for m in convs],
+                                          "input_ids": [r[0] for r in rows], "labels": [r[1] for r in rows]},
+                                         features=FEATURES)
+    DatasetDict(parts).save_to_disk(path)
+
+
 def loaders(tok, model, n_train=8, n_val=4, batch_positions=100, cache_dir=None):
     """Length-bucketed conversation batches; every conversation has 25 target positions (4 per batch by default)."""
     tr, va = examples(tok, n_train, 0), examples(tok, n_val, 1)
@@ -487,16 +501,7 @@ def stage_cfg(compose_cfg, monkeypatch, tmp_path):
                           "profile.train.log_every_n_steps=1")
         from pipelines.common import apply_selection
         cfg = apply_selection(cfg)
-        _, tok = build_tiny_model()
-        parts = {}
-        for split, n, seed in (("train", 8, 0), ("val", 4, 1)):
-            convs = conversations(n, seed)
-            rows = [tokenize_conversation(tok, m, 96) for m in convs]
-            parts[split] = Dataset.from_dict({"id": [f"{split}{i}" for i in range(n)],
-                                              "messages": [json.dumps(m) for m in convs],
-                                              "input_ids": [r[0] for r in rows], "labels": [r[1] for r in rows]},
-                                             features=FEATURES)
-        DatasetDict(parts).save_to_disk(cfg.data.distilled_dir)
+        save_distilled(cfg.data.distilled_dir)
         return cfg
     return make
 
