@@ -47,7 +47,8 @@ from models.heads.head_data import HeadsDataset, conversation_loader, target_pos
 from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.heads.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, resolve_precision
+from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, on_gpu,
+                                   resolve_precision)
 from pipelines.deps import import_closure
 from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 
@@ -114,18 +115,12 @@ def trainer_precision(cfg: DictConfig) -> str:
     return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
 
 
-def on_gpu(cfg: DictConfig) -> bool:
-    """Whether the Trainer runs on GPUs: accelerator gpu/cuda, or auto with one present."""
-    accelerator = str(cfg.trainer.accelerator)
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
 def cpu_threads(cfg: DictConfig) -> int | None:
     """profile.train.num_threads; unset under CPU DDP: the cores shared out between the trainer.devices processes."""
     if cfg.profile.train.get("num_threads"):
         return int(cfg.profile.train.num_threads)
     devices = str(cfg.trainer.devices)
-    if not on_gpu(cfg) and devices.isdigit() and int(devices) > 1:
+    if not on_gpu(str(cfg.trainer.accelerator)) and devices.isdigit() and int(devices) > 1:
         return max(1, (os.cpu_count() or 1) // int(devices))
     return None
 
@@ -168,11 +163,12 @@ def run_train(cfg: DictConfig) -> dict:
     if recipe.kind not in family.recipes:
         raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
                          f"it takes {list(family.recipes)}")
-    if cpu_threads(cfg):
-        torch.set_num_threads(cpu_threads(cfg))
+    threads = cpu_threads(cfg)
+    if threads:
+        torch.set_num_threads(threads)
     pl.seed_everything(int(cfg.seed), workers=True)
     # each DDP rank (Lightning starts them with LOCAL_RANK set) computes on its own GPU
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu(cfg) else "cpu"
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu(str(cfg.trainer.accelerator)) else "cpu"
     model, tokenizer = load_model(cfg, device=device)
     model.requires_grad_(False)
     # 1) data

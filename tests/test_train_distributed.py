@@ -20,7 +20,7 @@ from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows
                                     window_loader)
 from models.heads.hidden_cache import HiddenCache
 from models.heads.training import MODULES, Recipe, fit_resumable
-from tests.test_training import conversations, examples, save_distilled   # answers that repeat a short pattern
+from tests.test_training import Interrupt, conversations, examples, save_distilled   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,15 +86,6 @@ class Record(pl.Callback):
         self.last = {k: v.detach().clone() for k, v in module.heads.state_dict().items()}    # before the best epoch
 
 
-class Crash(pl.Callback):
-    def __init__(self, at_step):
-        self.at_step = at_step
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step >= self.at_step:
-            raise RuntimeError("simulated crash")
-
-
 def seeded_module(model):
     torch.manual_seed(0)                                  # the same initial heads in every run
     heads = build_heads(HeadsConfig.for_base(model, "hydra", num_heads=3, dropout=0.0), model)
@@ -127,7 +118,7 @@ def test_resume_mid_epoch_covers_each_example_once_and_matches_an_uninterrupted_
     fit("reference", reference)
     before, after = Record(), Record()
     with pytest.raises(RuntimeError, match="simulated crash"):
-        fit("ckpt", before, Crash(per_epoch + 3), every=2)               # killed in epoch 1 after its 3rd batch
+        fit("ckpt", before, Interrupt(per_epoch + 3), every=2)               # killed in epoch 1 after its 3rd batch
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
     assert saved["epoch"] == 1 and saved["global_step"] == per_epoch + 2 - per_epoch % 2
     trainer, _ = fit("ckpt", after, every=2)

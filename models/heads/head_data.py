@@ -26,6 +26,8 @@ epoch covers every example once over all ranks, and batch_positions counts posit
 """
 from __future__ import annotations
 
+import abc
+
 import torch
 
 IGNORE_INDEX = -100
@@ -81,7 +83,7 @@ def replica() -> tuple[int, int]:
     return 0, 1
 
 
-class ResumableBatches(torch.utils.data.Sampler):
+class ResumableBatches(torch.utils.data.Sampler, abc.ABC):
     """Batches of dataset indices in an order fixed by (seed, epoch), resumable mid-epoch.
 
     `offset` counts the batches handed out this epoch. Its state (seed, epoch, offset) goes into the
@@ -96,9 +98,9 @@ class ResumableBatches(torch.utils.data.Sampler):
         self.seed, self.epoch, self.offset = seed, 0, 0
         self._resume_at = 0
 
+    @abc.abstractmethod
     def epoch_batches(self, epoch: int, world: int = 1) -> list[list[int]]:
         """The global batches of `epoch` (each holds at least `world` indices)."""
-        raise NotImplementedError
 
     def rank_batches(self, epoch: int, rank: int, world: int) -> list[list[int]]:
         """What rank `rank` of `world` trains on in `epoch`."""

@@ -98,6 +98,11 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
     return any(f in flags for f in CPU_BF16_FLAGS)
 
 
+def on_gpu(accelerator: str) -> bool:
+    """Whether a Trainer with this accelerator runs on GPUs: gpu/cuda, or auto with one present."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def resolve_precision(precision: str, accelerator: str, cpuinfo: str | None = None) -> str:
     """`auto`: bf16-mixed on GPUs (accelerator gpu, or auto with one present) and on CPUs with bf16 hardware,
     else 32-true.
@@ -107,7 +112,7 @@ def resolve_precision(precision: str, accelerator: str, cpuinfo: str | None = No
     """
     if precision != "auto":
         return precision
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+    if on_gpu(accelerator):
         return "bf16-mixed"
     return "bf16-mixed" if cpu_has_fast_bf16(cpuinfo) else "32-true"
 
