@@ -71,10 +71,64 @@ def test_prepared_heads_draft_the_same_tokens(family):
     prompt = list(range(10, 70))
     stock = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
     prepare_for_decoding(model)
-    n = prepare_heads_for_decoding(heads)
+    n = prepare_heads_for_decoding(heads, bf16=False)       # float32 copies: the same products
     assert n >= 3 and all(is_packed(layer) for layer in heads.output_layers())
     fast = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
     assert fast.new_tokens == stock.new_tokens and fast.accept_lengths == stock.accept_lengths
+
+
+needs_bf16_packing = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="oneDNN has no bf16 linear on this CPU")
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_bf16_draft_heads_stay_lossless_and_close(family):
+    """bf16 copies of the heads' linears change the drafts' products by bf16 rounding only, and the output not
+    at all: greedy speculative decoding still equals the baseline token for token."""
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.heads import HeadsConfig, build_heads
+
+    model, tok = build_tiny_model("llama", seed=2)
+    config = HeadsConfig.for_base(model, family, 3, 1, share_lm_head=True, draft_vocab_size=64)
+    heads = build_heads(config, model, torch.arange(3, 67)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    prompt = list(range(10, 70))
+    base = generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[])
+    layer = heads.output_layers()[0]
+    x = torch.randn(3, layer.in_features)
+    with torch.inference_mode():
+        exact = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    prepare_for_decoding(model)
+    assert prepare_heads_for_decoding(heads, bf16=True) >= 3
+    with torch.inference_mode():
+        rounded = layer(x)
+    assert rounded.dtype == torch.float32 and not torch.equal(rounded, exact)      # the bf16 copy ran
+    torch.testing.assert_close(rounded, exact, rtol=2e-2, atol=2e-2 * exact.abs().max().item())
+    fast = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=40, stop_token_ids=[])
+    assert fast.new_tokens == base.new_tokens
+
+
+@needs_bf16_packing
+def test_bf16_heads_leave_a_shared_base_lm_head_in_float32():
+    """With the full vocabulary a head's output layer IS the base LM head; its float32 copy (from
+    prepare_for_decoding) must stay, since the base's logits decide the output."""
+    from models.engine.fast_inference import _PACKED, prepare_heads_for_decoding
+    from models.heads import HeadsConfig, build_heads
+
+    model, tok = build_tiny_model("llama", seed=2)
+    heads = build_heads(HeadsConfig.for_base(model, "medusa", 2, 1, share_lm_head=True), model).eval()
+    lm_head = model.get_output_embeddings()
+    prepare_for_decoding(model)
+    prepare_heads_for_decoding(heads, bf16=True)
+    assert _PACKED[lm_head][2] is None                   # float32 packing: no bf16 bias copy
+    x = torch.randn(2, lm_head.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(lm_head(x), torch.nn.functional.linear(x, lm_head.weight), rtol=1e-5, atol=1e-5)
 
 
 def test_packed_linear_steps_aside_for_training_and_changed_weights(tiny_model):
