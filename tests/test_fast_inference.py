@@ -54,11 +54,9 @@ def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
     assert spec.new_tokens == base_stock
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
-def test_prepared_heads_draft_the_same_tokens(family):
-    """prepare_heads_for_decoding packs the blocks, the prefix layer and the frozen draft-vocabulary LM heads;
-    the drafts, and so every step, stay the same."""
-    from models.engine.fast_inference import prepare_heads_for_decoding
+def tiny_model_and_heads(family):
+    """A tiny Llama and 3 heads of `family` on a 64-token draft vocabulary, nudged off the identity blocks a
+    fresh head starts as."""
     from models.heads import HeadsConfig, build_heads
 
     model, tok = build_tiny_model("llama", seed=2)
@@ -67,7 +65,17 @@ def test_prepared_heads_draft_the_same_tokens(family):
     torch.manual_seed(0)
     with torch.no_grad():
         for p in heads.parameters():
-            p.add_(0.05 * torch.randn_like(p))             # not the identity blocks a fresh head starts as
+            p.add_(0.05 * torch.randn_like(p))
+    return model, tok, heads
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_prepared_heads_draft_the_same_tokens(family):
+    """prepare_heads_for_decoding packs the blocks, the prefix layer and the frozen draft-vocabulary LM heads;
+    the drafts, and so every step, stay the same."""
+    from models.engine.fast_inference import prepare_heads_for_decoding
+
+    model, tok, heads = tiny_model_and_heads(family)
     prompt = list(range(10, 70))
     stock = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
     prepare_for_decoding(model)
@@ -88,15 +96,8 @@ def test_bf16_draft_heads_stay_lossless_and_close(family):
     """bf16 copies of the heads' linears change the drafts' products by bf16 rounding only, and the output not
     at all: greedy speculative decoding still equals the baseline token for token."""
     from models.engine.fast_inference import prepare_heads_for_decoding
-    from models.heads import HeadsConfig, build_heads
 
-    model, tok = build_tiny_model("llama", seed=2)
-    config = HeadsConfig.for_base(model, family, 3, 1, share_lm_head=True, draft_vocab_size=64)
-    heads = build_heads(config, model, torch.arange(3, 67)).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model, tok, heads = tiny_model_and_heads(family)
     prompt = list(range(10, 70))
     base = generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[])
     layer = heads.output_layers()[0]
