@@ -81,10 +81,21 @@ def test_speed_table_shows_both_speedups_against_the_stronger_prompt_lookup(summ
     speed = to_markdown(build_tables(summary)["speed"])
     assert "| Method | Tree nodes | Questions | End to end | Decode-only |" in speed
     # hydra-chain4: 1.504x end to end, 1.80x decode-only; PLDs on its 2 questions: pld 1.10x > pld_hf 1.00x
-    assert "| hydra-chain4 | 4 | 2 | 1.50x ± 0.05 | 1.80x | 2.00 | 150.4 | 180.5 | 1.37x (pld) |" in speed
+    assert "| hydra-chain4 | 4 | 2 | 1.50x ± 0.05 | 1.80x | 2.00 | 150.4 | 180.5 | 1.37x (pld) | 2/2 |" in speed
     # hydra-sparse64 ran on 1 question, where transformers' PLD (1.25x) was the stronger one
-    assert "| hydra-sparse64 | 63 | 1 | 1.56x ± 0.05 | 1.88x | 2.00 | 156.3 | 187.6 | 1.25x (pld_hf) |" in speed
+    assert "| hydra-sparse64 | 63 | 1 | 1.56x ± 0.05 | 1.88x | 2.00 | 156.3 | 187.6 | 1.25x (pld_hf) | 2/2 |" in speed
     assert "| baseline | - | 2 | 1.00x ± 0.05 | 1.20x |" in speed and "| pld_hf | - | 2 |" in speed
+
+
+def test_categories_ahead_of_prompt_lookup_count_where_a_method_beats_both(summary):
+    """A category counts when the method's mean is above BOTH prompt lookups' there; ties do not count."""
+    cat = summary["methods"]["pld_hf"]["per_category"]
+    cat["writing"]["speedup"] = stat(5.0)           # transformers' PLD copies its way through writing
+    speed = to_markdown(build_tables(summary)["speed"])
+    assert "| 1.37x (pld) | 1/2 |" in speed           # hydra-chain4 wins math only
+    cat["math"]["speedup"] = stat(summary["methods"]["hydra-chain4"]["per_category"]["math"]["speedup"]["mean"])
+    assert "| 1.37x (pld) | 0/2 |" in to_markdown(build_tables(summary)["speed"])   # a tie is not a win
+    assert "| pld | - | 2 |" in speed and speed.count("| - | - |") >= 3          # baseline and PLD rows: no count
 
 
 def test_a_tree_on_a_subset_of_questions_gets_a_footnote(summary):
