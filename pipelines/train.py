@@ -49,8 +49,8 @@ from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
 from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, on_gpu,
                                    resolve_precision)
-from pipelines.deps import import_closure
-from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
+from pipelines.deps import code_digest
+from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
 
 # Recipe keys the stage reads itself (the rest configure models.heads.training.Recipe).
 STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
@@ -102,7 +102,7 @@ def effective_epochs(cfg: DictConfig) -> int:
 
 def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
     """What a checkpoint must match to be resumed: settings, data and the training code."""
-    code = hashlib.sha256(b"".join((REPO_ROOT / f).read_bytes() for f in import_closure("pipelines.train"))).hexdigest()
+    code = code_digest("pipelines.train")
     items = {"heads": OmegaConf.to_container(cfg.heads, resolve=True),
              "train": {k: v for k, v in OmegaConf.to_container(cfg.profile.train, resolve=True).items()
                        if k not in RUNTIME_KEYS},
@@ -112,7 +112,8 @@ def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
 
 
 def trainer_precision(cfg: DictConfig) -> str:
-    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
+    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator),
+                             cpu_fp32=cfg.heads.name in (cfg.trainer.get("cpu_fp32_heads") or []))
 
 
 def cpu_threads(cfg: DictConfig) -> int | None:

@@ -548,6 +548,21 @@ def test_auto_precision_uses_bf16_only_where_the_hardware_has_it():
     assert resolve_precision("auto", "cpu", cpuinfo=avx2) == "32-true"
     assert resolve_precision("auto", "gpu", cpuinfo=avx2) == "bf16-mixed"
     assert resolve_precision("16-mixed", "cpu", cpuinfo=amx) == "16-mixed"  # an explicit choice is kept
+    assert resolve_precision("auto", "cpu", cpuinfo=amx, cpu_fp32=True) == "32-true"    # heads faster in float32
+    assert resolve_precision("auto", "gpu", cpuinfo=amx, cpu_fp32=True) == "bf16-mixed"  # ... on a CPU only
+
+
+def test_cpu_trainer_keeps_the_heads_it_names_in_float32(compose_cfg):
+    """trainer=cpu's cpu_fp32_heads: `auto` gives Hydra++ float32 on any CPU; an explicit precision still wins."""
+    from pipelines.common import apply_selection
+    from pipelines.train import trainer_precision
+
+    def precision(name, *overrides):
+        return trainer_precision(apply_selection(compose_cfg(f"+select.heads={name}", "trainer=cpu", *overrides)))
+
+    assert precision("hydra_pp") == "32-true"
+    assert precision("hydra_pp", "trainer.precision=bf16-mixed") == "bf16-mixed"
+    assert precision("hydra") == resolve_precision("auto", "cpu")   # the hardware decides for the others
 
 
 # -- the family registry ---------------------------------------------------------------------------

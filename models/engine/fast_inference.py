@@ -30,6 +30,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from models.hardware import cpu_has_fast_bf16
+
 GQA_FOLDED = "sdpa_gqa_folded"
 # Linear -> ((weight data_ptr, version), packed weight). Kept outside the modules: a deep copy of a prepared
 # model (the Hydra++ prefix layer is one) must not copy oneDNN's opaque tensors; the copy falls back to F.linear.
@@ -41,11 +43,6 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def cpu_multiplies_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic in hardware (AVX512-BF16 or AMX), as torch reports it."""
-    return any(getattr(torch.cpu, f"_is_{name}_supported", lambda: False)() for name in ("avx512_bf16", "amx_tile"))
-
-
 def is_packed(module) -> bool:
     return module in _PACKED
 
@@ -55,7 +52,7 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     if packed is None or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or key != (w.data_ptr(), w._version):
         return F.linear(x, w, self.bias)
-    if bias is None or bias.dtype == torch.float32:
+    if bias is None:                     # a float32 copy keeps no bias of its own: the module's is used
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
     # bf16 copy (draft heads only): float32 in and out, the weights read at half the bytes
     return torch.ops.mkldnn._linear_pointwise(x.to(bias.dtype), packed, bias, "none", [], "").float()
@@ -148,7 +145,7 @@ def prepare_heads_for_decoding(heads, bf16: bool | None = None) -> int:
     the drafts change, never the output: verification is the base model's, in float32. A linear the base
     model shares with the heads (packed already by prepare_for_decoding) stays as it is. Returns how many."""
     if bf16 is None:
-        bf16 = cpu_multiplies_bf16()
+        bf16 = cpu_has_fast_bf16()
     dtype = torch.bfloat16 if bf16 else torch.float32
     n = pack_linears(heads, dtype)
     if hasattr(heads, "output_layers"):
