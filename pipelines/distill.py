@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from models.data.conversations import IGNORE_INDEX, tokenize_conversations
 from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
                                 vllm_available)
 from models.data.relabel import relabel_conversations
-from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.common import atomic_file, load_model, log, mlflow_run, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
 SPLITS = ("train", "val")
@@ -147,13 +146,9 @@ class ShardStore:
     def write(self, part: str, index: int, records: list[dict], stats: dict) -> None:
         path = self.path(part, index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(path, fsync=True) as f:  # the shard is either complete or absent
             for rec in records:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)  # atomic: the shard is either complete or absent
         self.manifest["shards"][f"{part}/{path.stem}"] = {"n": len(records), "ids": [r["id"] for r in records],
                                                          **stats}
         self._write_manifest()

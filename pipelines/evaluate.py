@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -61,8 +60,8 @@ from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for
 from models.heads import ADAPTER_DIR, load_heads
 from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import TreeSpec, tree_from_config
-from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
-from pipelines.deps import import_closure
+from pipelines.common import REPO_ROOT, atomic_file, file_sha256, load_model, log, mlflow_run, stage, write_json
+from pipelines.deps import code_digest
 
 METHOD_MODES = ("auto", "all", "selected")
 
@@ -250,19 +249,7 @@ def file_digest(path: Path) -> str | None:
     h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
         h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=1)
-def code_digest() -> str:
-    """sha256 of the stage's code (its import closure, DVC's code deps). Once per process: the code a process
-    runs is what it imported, not what is on disk later."""
-    h = hashlib.sha256()
-    for rel in import_closure("pipelines.evaluate"):
-        h.update(rel.encode() + b"\0" + (REPO_ROOT / rel).read_bytes())
+        file_sha256(f, h)
     return h.hexdigest()[:16]
 
 
@@ -285,8 +272,9 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "questions": hashlib.sha256(qtext.encode()).hexdigest()[:16], "methods": methods_now,
                 "files": {str(p): file_digest(p) for p in [Path(str(cfg.model.files))]
                           + [Path(cfg.paths.results) / "heads" / h for h in sel.heads]},
-                "code": code_digest(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                                    "transformers": transformers.__version__},
+                "code": code_digest("pipelines.evaluate"),
+                "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                             "transformers": transformers.__version__},
                 "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads()}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
@@ -317,13 +305,8 @@ class RecordStore:
         body = {"fingerprint": self.fingerprint, "run": run, "question_id": qid, "prompts": result.prompts,
                 "answers": result.answers,
                 "records": {m: [r.as_dict(with_tokens=True) for r in recs] for m, recs in result.records.items()}}
-        path = self.path(run, qid)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(self.path(run, qid), fsync=True) as f:  # the result is either complete or absent
             f.write(json.dumps(body))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: the result is either complete or absent
 
     def load(self, run: int, qid: int, methods: list[str], turns: int) -> QuestionResult | None:
         """The stored result when it is complete and this fingerprint's, else None (logged: it is redone)."""
