@@ -181,9 +181,12 @@ def hydra_table(summary: dict) -> Table:
 
 
 def tree_nodes(m: dict) -> str:
-    """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/dynamic.yaml)."""
+    """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/dynamic.yaml), "+ lookup" for
+    one with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml)."""
     n = m.get("tree_nodes")
-    return "-" if not n else (f"<= {n}" if m.get("cut_by_cost") else str(n))
+    if not n:
+        return "-"
+    return (f"<= {n}" if m.get("cut_by_cost") else str(n)) + (" + lookup" if m.get("lookup_branch") else "")
 
 
 def speed_table(summary: dict) -> Table:
@@ -283,9 +286,11 @@ def calibration_table(summary: dict, calibrations: dict[str, dict]) -> Table | N
 
 def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None) -> Table | None:
     """Speedup of the calibrated tree beside the fixed trees, per heads (issue: is optimal the fastest?)."""
-    cut = {m["tree"] for m in summary["methods"].values() if m["kind"] == "heads" and m.get("cut_by_cost")}
+    # cut per step (tree=dynamic) or grown by a lookup branch (tree=optimal_pld): not fixed trees
+    cut = {m["tree"] for m in summary["methods"].values()
+           if m["kind"] == "heads" and (m.get("cut_by_cost") or m.get("lookup_branch"))}
     fixed = [t for t in method_trees(summary) if t != "optimal" and t not in cut]
-    cut = [t for t in method_trees(summary) if t in cut]          # cut per step (tree=dynamic): not fixed
+    cut = [t for t in method_trees(summary) if t in cut]
     heads_names = list(dict.fromkeys(m["heads"] for m in summary["methods"].values()
                                      if m["kind"] == "heads" and m.get("tree") == "optimal"))
     if not heads_names:

@@ -2,7 +2,8 @@
 
 MT-Bench speed evaluation at batch size 1, every method in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
-  <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree
+  <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree; a tree with
+                           `lookup: true` (optimal_pld, dynamic_pld) merges prompt lookup's chain into it
   pld                      prompt lookup decoding in our decoder (models/engine/prompt_lookup.py): the same
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
@@ -82,11 +83,12 @@ class Method:
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
     tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
     step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
+    lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
                 "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
-                "reference": self.reference, "cut_by_cost": self.step_cost is not None}
+                "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup}
 
 
 # -- 1) which methods ----------------------------------------------------------------------------
@@ -128,8 +130,9 @@ def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpe
     return tree_from_config(tree_config(cfg, tree_name, heads_name))
 
 
-def step_cost_for(tree_cfg: dict, tree: TreeSpec) -> list[float] | None:
-    """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None."""
+def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list[float] | None:
+    """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None; for steps
+    of up to the tree's tokens + extra_tokens (a lookup branch's)."""
     source = tree_cfg.get("cut_by_cost")
     if not source:
         return None
@@ -138,7 +141,8 @@ def step_cost_for(tree_cfg: dict, tree: TreeSpec) -> list[float] | None:
         raise FileNotFoundError(f"tree {tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written by "
                                 "`python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
     prof = json.loads(path.read_text())
-    return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"], tree.num_nodes + 1)
+    return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"],
+                               tree.num_nodes + 1 + extra_tokens)
 
 
 def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
@@ -159,8 +163,10 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
                 tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or tree_name))
             tree.check_heads(heads.config.num_heads)
             tree_option = tree_name or cfg.tree.name
+            lookup = bool(tree_cfg.get("lookup"))
+            step_cost = step_cost_for(tree_cfg, tree, int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0)
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
-                                  reference, tree_option, step_cost_for(tree_cfg, tree)))
+                                  reference, tree_option, step_cost, lookup))
     if cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]
@@ -212,14 +218,13 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
         return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=int(hf.num_tokens),
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    drafter = None
-    if method.kind == "pld":
-        ours = cfg.eval.prompt_lookup.pld
-        drafter = PromptLookupDrafter(int(ours.num_tokens), int(ours.max_ngram), int(ours.min_ngram),
-                                      None if ours.tokens_per_ngram is None else int(ours.tokens_per_ngram))
+    ours = cfg.eval.prompt_lookup.pld
+    lookup = PromptLookupDrafter(int(ours.num_tokens), int(ours.max_ngram), int(ours.min_ngram),
+                                 None if ours.tokens_per_ngram is None else int(ours.tokens_per_ngram))
     return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
-                    drafter=drafter, step_cost=method.step_cost)
+                    drafter=lookup if method.kind == "pld" else None, step_cost=method.step_cost,
+                    lookup=lookup if method.lookup else None)
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

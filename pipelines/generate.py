@@ -4,6 +4,8 @@ One answer, streamed to the terminal. Tokens that came from accepted drafts are 
 (in [brackets] when stdout is not a terminal); the end prints the mean accepted length and
 tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
   heads=none                     the autoregressive baseline
+  tree=dynamic                   the calibrated 16-node tree cut per step by cost (as in evaluate)
+  tree=optimal_pld|dynamic_pld   the heads' tree with prompt lookup's chain merged in
   heads_dir=FOLDER               heads from FOLDER instead of results/heads/<heads.name>
   random_heads=true              freshly initialised heads of the configured family (for trying it out)
   max_new_tokens=N temperature=T top_p=P top_k=K acceptance=greedy|typical|sampling
@@ -22,7 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
+from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import tree_from_config
+from pipelines.evaluate import step_cost_for
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
 GREEN, RESET = "\033[32m", "\033[0m"
@@ -91,6 +95,13 @@ def main(cfg: DictConfig) -> None:
     if heads is not None:
         prepare_heads_for_decoding(heads)
     tree = tree_from_config(cfg.tree) if heads is not None else None
+    tree_cfg = OmegaConf.to_container(cfg.tree, resolve=True)
+    lookup = None
+    if heads is not None and tree_cfg.get("lookup"):          # tree=optimal_pld | dynamic_pld
+        pld = cfg.eval.prompt_lookup.pld
+        lookup = PromptLookupDrafter(int(pld.num_tokens), int(pld.max_ngram), int(pld.min_ngram),
+                                     None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram))
+    step_cost = None if heads is None else step_cost_for(tree_cfg, tree, lookup.num_tokens if lookup else 0)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
@@ -103,7 +114,7 @@ def main(cfg: DictConfig) -> None:
 
         streamer = Streamer(tok)
         res = generate(model, tok, ids, heads=heads, tree=tree, sampling=sampling,
-                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer)
+                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer, step_cost=step_cost, lookup=lookup)
         streamer.finish()
         print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
               f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "

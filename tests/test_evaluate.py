@@ -286,6 +286,37 @@ def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cf
     assert report["passed"] and report["methods"]["hydra-dynamic"]["checked_turns"] == 4
 
 
+def test_lookup_trees_merge_prompt_lookup_into_the_heads_tree(stage_cfg, tmp_path):
+    """tree=optimal_pld (the calibrated tree + prompt lookup's chain) and dynamic_pld (the 16-node tree + the chain,
+    cut per step with room for the chain's tokens in the step costs): lossless, flagged in the summary."""
+    from omegaconf import open_dict
+
+    from pipelines.evaluate import run_evaluation
+
+    cal = tmp_path / "results" / "calibrate"
+    (cal / "hydra" / "trees").mkdir(parents=True)
+    (cal / "hydra" / "optimal_tree.json").write_text(json.dumps({"name": "hydra_opt", "paths": [[0], [0, 0]], "topk": 10}))
+    (cal / "hydra" / "trees" / "budget_16.json").write_text(json.dumps({"name": "hydra_budget16", "topk": 10,
+                                                                         "paths": [[0], [1], [0, 0], [0, 0, 0]]}))
+    (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
+                                                  "baseline_step_s": 0.01}))
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.trees = ["optimal_pld", "dynamic_pld"]
+        stage_cfg.profile.eval.families = ["hydra"]
+        stage_cfg.profile.eval.repeats = 1
+    summary = run_evaluation(stage_cfg)
+    opt, dyn = summary["methods"]["hydra-optimal_pld"], summary["methods"]["hydra-dynamic_pld"]
+    assert opt["lookup_branch"] is True and opt["cut_by_cost"] is False and opt["tree_nodes"] == 2
+    assert dyn["lookup_branch"] is True and dyn["cut_by_cost"] is True and dyn["tree"] == "dynamic_pld"
+    assert summary["methods"]["pld"]["lookup_branch"] is False
+    fingerprint = read(tmp_path / "data" / "eval-records" / stage_cfg.model.name / "all" / "manifest.json")
+    costs = {m["name"]: m["step_cost"] for m in fingerprint["settings"]["methods"]}
+    assert costs["hydra-optimal_pld"] is None
+    assert len(costs["hydra-dynamic_pld"]) == 4 + 1 + int(stage_cfg.eval.prompt_lookup.pld.num_tokens)
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
+    assert report["passed"] and report["methods"]["hydra-optimal_pld"]["checked_turns"] == 4
+
+
 # -- resuming: per-question records survive a killed run ------------------------------------------
 class Killed(BaseException):
     """The process dying (not an Exception: nothing in the stage catches it)."""

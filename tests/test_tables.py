@@ -187,3 +187,14 @@ def test_a_tree_cut_per_step_is_shown_but_not_counted_as_fixed(summary):
     assert header.index("optimal") < header.index("dynamic") < header.index("Optimal nodes")
     assert "1.50x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / dynamic 1.5
     assert "<= 16" in to_markdown(tables["speed"])
+
+
+def test_a_tree_with_a_lookup_branch_is_shown_but_not_counted_as_fixed(summary):
+    summary["methods"]["medusa1-optimal"] = method("heads", "medusa1", "optimal", 4, speedup=1.45)
+    merged = method("heads", "medusa1", "optimal_pld", 4, speedup=1.6)
+    summary["methods"]["medusa1-optimal_pld"] = {**merged, "lookup_branch": True}
+    tables = build_tables(summary)
+    md = to_markdown(tables["tree_choice"])
+    assert md.splitlines()[2].index("optimal") < md.splitlines()[2].index("optimal_pld")
+    assert "1.60x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / optimal_pld 1.6
+    assert "4 + lookup" in to_markdown(tables["speed"])

@@ -397,9 +397,12 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffers | None = None,
              sampling: SamplingConfig | None = None, max_new_tokens: int = 128, stop_token_ids=None,
-             on_tokens=None, drafter: StepDrafter | None = None, step_cost: list[float] | None = None) -> GenerationResult:
+             on_tokens=None, drafter: StepDrafter | None = None, step_cost: list[float] | None = None,
+             lookup=None) -> GenerationResult:
     """Decode one answer: with `heads` on `tree`, with another `drafter` (e.g. prompt lookup), or
     neither: the autoregressive baseline. step_cost: cut the tree at every step (TreeDrafter).
+    lookup: a PromptLookupDrafter whose chain joins the heads' tree every step
+    (models/engine/lookup_branch.py; with step_cost the union is cut).
 
     on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are emitted (streaming).
     """
@@ -422,7 +425,14 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
             raise ValueError("pass either heads (with a tree) or a drafter, not both")
         if tree is None:
             raise ValueError("speculative decoding needs a tree (TreeSpec or TreeBuffers); pass heads=None for the baseline")
-        drafter = TreeDrafter(heads, tree, sampling, generator, step_cost)
+        if lookup is None:
+            drafter = TreeDrafter(heads, tree, sampling, generator, step_cost)
+        else:
+            from models.engine.lookup_branch import LookupBranchDrafter    # it builds on TreeDrafter
+            drafter = LookupBranchDrafter(heads, tree, lookup, sampling, generator, step_cost)
+    elif lookup is not None:
+        raise ValueError("a lookup branch joins the heads' tree: pass heads and a tree with it (or "
+                         "drafter=PromptLookupDrafter(...) for prompt lookup alone)")
     accept_lengths: list[int] = []
     if max_new_tokens <= 0:
         return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")

@@ -93,6 +93,7 @@ class PromptLookupDrafter:
         self.index = NgramIndex(max_ngram)
         self.device = torch.device("cpu")
         self._chains: dict[int, TreeBuffers] = {}
+        self.last_ngram = 0                         # the n-gram length the last draft matched (0: none)
 
     def chain(self, m: int) -> TreeBuffers:
         """Buffers of a chain of m drafts below the root (m = 0: the root alone)."""
@@ -110,6 +111,7 @@ class PromptLookupDrafter:
         """-> (chain buffers, tokens [m+1] root first, draft_q = None: deterministic drafts)."""
         self.index.extend([root])                  # the root is part of the context it drafts from
         n, start = self.index.longest_match(self.min_ngram)
+        self.last_ngram = n
         m = min(self.num_tokens, max_depth, n * (self.tokens_per_ngram or self.num_tokens))
         drafts = self.index.copy_from(start, m) if n and m > 0 else []
         tokens = torch.tensor([root, *drafts], dtype=torch.long, device=self.device)

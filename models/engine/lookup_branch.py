@@ -1,0 +1,151 @@
+"""Draft heads with prompt lookup merged in: the heads' tree plus the context's n-gram continuation as one branch.
+
+    from models.engine.decoding import generate
+    from models.engine.prompt_lookup import PromptLookupDrafter
+    res = generate(model, tok, ids, heads=heads, tree=tree, lookup=PromptLookupDrafter(8, 3, 2, 3))
+    res = generate(model, tok, ids, heads=heads, tree=tree16, lookup=..., step_cost=costs)   # cut per step
+
+Why: prompt lookup wins where the answer copies the context (MT-Bench extraction: a 3-gram match is followed
+by the right token most of the time), the heads win everywhere else; on a CPU the verify step has room for
+both in one forward. Each step the heads draft their tree and prompt lookup its chain (models/engine/
+prompt_lookup.py); the chain is walked down the heads' tree from the root while its tokens equal a drafted
+child's, and what is left of it hangs below the last such node as a branch of its own. One forward verifies
+the union, so every acceptance rule that does not read the heads' q (greedy, typical, top-k drafts under
+lossless sampling: each child a point mass) stays what it is: greedy output equals the baseline's.
+
+With step_cost (conf/tree/dynamic_pld.yaml) the union is cut like tree=dynamic (decoding.cut_by_cost): a heads
+node's probability is the heads' own along its path; a lookup node j tokens below the root has r_n ** j, r_n
+the running rate (Laplace-smoothed) at which prompt lookup's tokens after an n-gram match were right in this
+answer so far; a node both propose has the larger of the two.
+
+Branch nodes are named in the merged TreeSpec by the rank `topk` (one past the heads' ranks), which no head
+proposes; the heads draft on their own tree only, the merged buffers serve verification and acceptance.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import TreeDrafter, cut_by_cost
+from models.engine.prompt_lookup import PromptLookupDrafter
+from models.engine.trees import TreeBuffers, TreeSpec
+
+__all__ = ["LookupBranchDrafter", "merge_chain"]
+
+
+def merge_chain(children: list[list[int]], tokens: list[int], chain: list[int]) -> tuple[list[int], int]:
+    """Walk `chain` down a drafted tree from the root (children[i]: node i's children; tokens[i]: its token).
+    -> (the nodes it runs through, root excluded; how many chain tokens they cover). The rest of the chain
+    is new: it hangs below the last of those nodes (the root when none)."""
+    through, node = [], 0
+    for tok in chain:
+        node = next((c for c in children[node] if tokens[c] == tok), -1)
+        if node < 0:
+            break
+        through.append(node)
+    return through, len(through)
+
+
+class LookupBranchDrafter:
+    """A StepDrafter (models/engine/decoding.py): the heads' tree (TreeDrafter, uncut) with prompt lookup's chain
+    merged in; step_cost: cut the union per step by expected tokens per cost (see the module docstring)."""
+
+    PRIOR = (1.0, 2.0)             # Laplace: a rate of 1/2 before any evidence
+
+    def __init__(self, heads, tree: TreeSpec | TreeBuffers, lookup: PromptLookupDrafter, sampling: SamplingConfig,
+                 generator: torch.Generator | None = None, step_cost: list[float] | None = None):
+        if sampling.samples_drafts:
+            raise ValueError("a prompt-lookup branch needs deterministic drafts: greedy or typical acceptance, or "
+                             "acceptance=sampling with draft='topk' (sampled heads' drafts carry a q that the "
+                             "lookup tokens do not have)")
+        self.tree = TreeDrafter(heads, tree, sampling, generator)           # uncut: the union is cut here
+        self.lookup = lookup
+        self.step_cost = None if step_cost is None else [float(c) for c in step_cost]
+        if self.step_cost is not None:
+            if len(self.step_cost) < 1 or min(self.step_cost) <= 0:
+                raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
+            self.tree.heads_drafter.track_probs = True
+        self.branch_rank = self.tree.buf.spec.topk                          # marks a lookup node in a merged spec
+        self.stats: dict[int, list[float]] = {}                             # n-gram length -> [right, tried]
+        self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)
+        self._accepted: list[int] = []                                      # last step's accepted drafts
+        self._merged: dict = {}                                             # (spec, attach, k) -> (buffers, src)
+
+    # -- state ---------------------------------------------------------------------------------
+    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.tree.start(input_ids, hidden)
+        self.lookup.start(input_ids, hidden)
+        self._pending, self._accepted = None, []
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        self.tree.advance(hidden, tokens, position)
+        self.lookup.advance(hidden, tokens, position)
+        self._accepted = list(tokens[1:])
+
+    def rewind(self, position: int) -> None:
+        self.tree.rewind(position)
+        self.lookup.rewind(position)
+        self._pending, self._accepted = None, []
+
+    def rate(self, n: int) -> float:
+        """How often a lookup token after an n-gram match was right in this answer so far (smoothed)."""
+        right, tried = self.stats.get(n, (0.0, 0.0))
+        return (right + self.PRIOR[0]) / (tried + self.PRIOR[1])
+
+    def _score(self, root: int) -> None:
+        """Last step's chain against what came out: its accepted drafts, then the bonus token (this root)."""
+        if self._pending is None:
+            return
+        n, chain = self._pending
+        known = [*self._accepted, root]
+        right = 0
+        while right < min(len(chain), len(known)) and chain[right] == known[right]:
+            right += 1
+        tried = right if right == len(known) else min(len(chain), right + 1)
+        s = self.stats.setdefault(n, [0.0, 0.0])
+        s[0] += right
+        s[1] += tried
+        self._pending = None
+
+    # -- drafting ------------------------------------------------------------------------------
+    def draft(self, root: int, max_depth: int):
+        self._score(root)
+        buf, tokens, _ = self.tree.draft(root, max_depth)                   # q unused: deterministic drafts
+        _, lookup_tokens, _ = self.lookup.draft(root, max_depth)
+        chain = lookup_tokens[1:].tolist()
+        n = self.lookup.last_ngram
+        if chain:
+            self._pending = (n, chain)
+        through, covered = merge_chain(buf.children, tokens.tolist(), chain)
+        rest = chain[covered:]
+        attach = through[-1] if through else 0
+        probs = None
+        if self.step_cost is not None:
+            probs = self.tree.heads_drafter.node_probs.clone()             # [N] the heads' own, root 1
+            r = self.rate(n) if chain else 0.0
+            for j, node in enumerate(through, start=1):
+                probs[node] = max(float(probs[node]), r ** j)
+            probs = torch.cat([probs, torch.tensor([r ** (covered + k) for k in range(1, len(rest) + 1)])])
+        if rest:
+            merged, src = self._merge(buf, attach, len(rest))
+            buf, tokens = merged, torch.cat([tokens, tokens.new_tensor(rest)])[src]
+            probs = None if probs is None else probs[src]
+        if probs is not None and buf.num_tokens > 1:
+            keep = cut_by_cost(probs.tolist(), self.step_cost)
+            if len(keep) < buf.num_tokens:
+                buf, tokens = buf.subtree(keep), tokens[list(keep)]
+        return buf, tokens, None
+
+    def _merge(self, buf: TreeBuffers, attach: int, k: int) -> tuple[TreeBuffers, torch.Tensor]:
+        """Buffers of buf's tree with a chain of k lookup nodes below node `attach`, and src: merged node i is
+        entry src[i] of [buf's tokens..., the k chain tokens]."""
+        key = (buf.spec, attach, k)
+        if key not in self._merged:
+            nodes = [()] + sorted(buf.spec.paths, key=lambda p: (len(p), p))     # node i of buf
+            branch = [nodes[attach] + (self.branch_rank,) + (0,) * j for j in range(k)]
+            spec = TreeSpec(f"{buf.spec.name}+lookup{k}", buf.spec.paths + tuple(branch), buf.spec.topk + 1)
+            merged = TreeBuffers.build(spec)
+            index = {p: i for i, p in enumerate(nodes)} | {p: len(nodes) + j for j, p in enumerate(branch)}
+            order = [()] + sorted(spec.paths, key=lambda p: (len(p), p))
+            self._merged[key] = (merged, torch.tensor([index[p] for p in order]))
+        return self._merged[key]
