@@ -159,7 +159,8 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
         for tree_name in sel.trees:
             tree_cfg = tree_config(cfg, tree_name, name)
             tree = tree_from_config(tree_cfg)
-            if tree_cfg.get("cut_by_cost"):          # named by the option: its file's tree is only where it starts
+            if tree_cfg.get("cut_by_cost") or tree_cfg.get("lookup"):   # named by the option: its file's tree
+                                                                        # (optimal's, dynamic's) is where it starts
                 tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or tree_name))
             tree.check_heads(heads.config.num_heads)
             tree_option = tree_name or cfg.tree.name

@@ -307,6 +307,7 @@ def test_lookup_trees_merge_prompt_lookup_into_the_heads_tree(stage_cfg, tmp_pat
     summary = run_evaluation(stage_cfg)
     opt, dyn = summary["methods"]["hydra-optimal_pld"], summary["methods"]["hydra-dynamic_pld"]
     assert opt["lookup_branch"] is True and opt["cut_by_cost"] is False and opt["tree_nodes"] == 2
+    assert opt["tree"] == "optimal_pld"                  # named by the option, not by the calibrated file it reads
     assert dyn["lookup_branch"] is True and dyn["cut_by_cost"] is True and dyn["tree"] == "dynamic_pld"
     assert summary["methods"]["pld"]["lookup_branch"] is False
     fingerprint = read(tmp_path / "data" / "eval-records" / stage_cfg.model.name / "all" / "manifest.json")
