@@ -177,24 +177,16 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     assert "decode_speedup" in csv_lines[0].split(",") and any(line.startswith("pld_hf,") for line in csv_lines)
 
 
-def test_a_tree_cut_per_step_is_shown_but_not_counted_as_fixed(summary):
+@pytest.mark.parametrize("tree, nodes, flag, shown", [("dynamic", 16, "cut_by_cost", "<= 16"),
+                                                     ("optimal_pld", 4, "lookup_branch", "4 + lookup")])
+def test_an_adaptive_tree_is_shown_but_not_counted_as_fixed(summary, tree, nodes, flag, shown):
+    """A tree cut per step (dynamic) or grown by a lookup branch (optimal_pld) has its own column in the tree
+    choice table, after optimal, and is not one of the fixed trees optimal is compared with."""
     summary["methods"]["medusa1-optimal"] = method("heads", "medusa1", "optimal", 4, speedup=1.45)
-    dynamic = method("heads", "medusa1", "dynamic", 16, speedup=1.5)
-    summary["methods"]["medusa1-dynamic"] = {**dynamic, "cut_by_cost": True}
+    summary["methods"][f"medusa1-{tree}"] = {**method("heads", "medusa1", tree, nodes, speedup=1.6), flag: True}
     tables = build_tables(summary)
     md = to_markdown(tables["tree_choice"])
     header = md.splitlines()[2]
-    assert header.index("optimal") < header.index("dynamic") < header.index("Optimal nodes")
-    assert "1.50x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / dynamic 1.5
-    assert "<= 16" in to_markdown(tables["speed"])
-
-
-def test_a_tree_with_a_lookup_branch_is_shown_but_not_counted_as_fixed(summary):
-    summary["methods"]["medusa1-optimal"] = method("heads", "medusa1", "optimal", 4, speedup=1.45)
-    merged = method("heads", "medusa1", "optimal_pld", 4, speedup=1.6)
-    summary["methods"]["medusa1-optimal_pld"] = {**merged, "lookup_branch": True}
-    tables = build_tables(summary)
-    md = to_markdown(tables["tree_choice"])
-    assert md.splitlines()[2].index("optimal") < md.splitlines()[2].index("optimal_pld")
-    assert "1.60x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / optimal_pld 1.6
-    assert "4 + lookup" in to_markdown(tables["speed"])
+    assert header.index("| optimal |") < header.index(f"| {tree} |") < header.index("Optimal nodes")
+    assert "1.60x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / this tree's 1.6
+    assert shown in to_markdown(tables["speed"])
