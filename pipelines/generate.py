@@ -14,6 +14,7 @@ tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -96,6 +97,8 @@ def main(cfg: DictConfig) -> None:
         prepare_heads_for_decoding(heads)
     tree = tree_from_config(cfg.tree) if heads is not None else None
     tree_cfg = OmegaConf.to_container(cfg.tree, resolve=True)
+    if tree is not None and (tree_cfg.get("cut_by_cost") or tree_cfg.get("lookup")):   # named by the option, as
+        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name")))                # in pipelines.evaluate
     lookup = None
     if heads is not None and tree_cfg.get("lookup"):          # tree=optimal_pld | dynamic_pld
         pld = cfg.eval.prompt_lookup.pld

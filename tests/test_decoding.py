@@ -339,16 +339,20 @@ def test_generate_cli(tmp_path):
     import sys
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    for heads in ("none", "hydra_pp"):
+    tree_file = tmp_path / "optimal_tree.json"          # tree=optimal_pld reads the calibrated tree from a file
+    tree_file.write_text(json.dumps({"name": "calibrated", "paths": [[0], [1], [0, 0]], "topk": 10}))
+    for heads, tree in (("none", ["tree=chain4"]), ("hydra_pp", ["tree=chain4"]),
+                        ("hydra", ["tree=optimal_pld", f"tree.file={tree_file}"])):
         out = tmp_path / f"{heads}.json"
         cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", f"heads={heads}", "random_heads=true",
-               "tree=chain4", "prompt=Hello there", "max_new_tokens=12", "threads=1", f"output={out}",
+               *tree, "prompt=Hello there", "max_new_tokens=12", "threads=1", f"output={out}",
                f"hydra.run.dir={tmp_path / 'hydra'}"]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "mean accepted length" in proc.stdout
         record = json.loads(out.read_text())
-        assert len(record["new_tokens"]) == 12 and record["tree"] == (None if heads == "none" else "chain4")
+        assert len(record["new_tokens"]) == 12
+        assert record["tree"] == (None if heads == "none" else tree[0].removeprefix("tree="))
 
 
 # -- prompt lookup through the same decode step ------------------------------------------------------
