@@ -136,3 +136,28 @@ def test_running_rate_counts_right_and_tried_lookup_tokens():
     d._pending, d._accepted = (2, [5, 6]), []                        # wrong at once
     d._score(4)
     assert d.stats[2] == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra_pp"])
+def test_time_step_rewinds_a_lookup_branch(family):
+    """time_step (the calibration's timer) takes real steps and rewinds heads, lookup index and pending chain:
+    decoding on after it emits what it would have emitted without it."""
+    from models.engine.decoding import decode_step, prefill, time_step
+
+    model, tok, ids = setups()
+    heads = random_heads(model, family)
+    want = generate(model, tok, ids, heads=heads, tree=SMALL, max_new_tokens=30, stop_token_ids=[],
+                    lookup=PromptLookupDrafter(8, 3, 2, 3))
+    with torch.inference_mode():
+        drafter = LookupBranchDrafter(heads, SMALL, PromptLookupDrafter(8, 3, 2, 3), SamplingConfig())
+        state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
+        got = [state.root]
+        while len(got) < 30:
+            tokens, _ = decode_step(state, drafter, max_depth=min(8, 30 - len(got) - 1))
+            got += tokens
+            if len(got) < 20:
+                past, root = state.past, state.root
+                parts = time_step(state, drafter, max_depth=3, repeats=2)
+                assert len(parts) == 2 and (state.past, state.root) == (past, root)
+                assert drafter.lookup.index.tokens == (ids + got)[:past]
+    assert got[:30] == want.new_tokens
