@@ -145,6 +145,25 @@ def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list
                                tree.num_nodes + 1 + extra_tokens)
 
 
+def prompt_lookup_drafter(cfg: DictConfig) -> PromptLookupDrafter:
+    """Our prompt lookup with eval.prompt_lookup.pld's settings: method `pld`, and the branch of a lookup tree."""
+    pld = cfg.eval.prompt_lookup.pld
+    return PromptLookupDrafter(int(pld.num_tokens), int(pld.max_ngram), int(pld.min_ngram),
+                               None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram))
+
+
+def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
+    """A resolved conf/tree option -> (its tree, the step costs it is cut with or None, whether prompt lookup's
+    chain joins it). A tree cut per step or grown by a lookup branch is named by the option: the file it reads
+    (the calibrated tree of optimal or dynamic) is only where it starts."""
+    tree = tree_from_config(tree_cfg)
+    lookup = bool(tree_cfg.get("lookup"))
+    if tree_cfg.get("cut_by_cost") or lookup:
+        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or option))
+    extra = int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0
+    return tree, step_cost_for(tree_cfg, tree, extra), lookup
+
+
 def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     methods = [Method("baseline", "baseline", model)]
     for name in sel.heads:
@@ -157,15 +176,9 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
                                   reference=None))
         for tree_name in sel.trees:
-            tree_cfg = tree_config(cfg, tree_name, name)
-            tree = tree_from_config(tree_cfg)
-            if tree_cfg.get("cut_by_cost") or tree_cfg.get("lookup"):   # named by the option: its file's tree
-                                                                        # (optimal's, dynamic's) is where it starts
-                tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or tree_name))
-            tree.check_heads(heads.config.num_heads)
             tree_option = tree_name or cfg.tree.name
-            lookup = bool(tree_cfg.get("lookup"))
-            step_cost = step_cost_for(tree_cfg, tree, int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0)
+            tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
+            tree.check_heads(heads.config.num_heads)
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
     if cfg.eval.prompt_lookup.enabled:
@@ -219,9 +232,7 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
         return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=int(hf.num_tokens),
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    ours = cfg.eval.prompt_lookup.pld
-    lookup = PromptLookupDrafter(int(ours.num_tokens), int(ours.max_ngram), int(ours.min_ngram),
-                                 None if ours.tokens_per_ngram is None else int(ours.tokens_per_ngram))
+    lookup = prompt_lookup_drafter(cfg)
     return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
                     drafter=lookup if method.kind == "pld" else None, step_cost=method.step_cost,

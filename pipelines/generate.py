@@ -14,7 +14,6 @@ tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -25,9 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
-from models.engine.prompt_lookup import PromptLookupDrafter
-from models.engine.trees import tree_from_config
-from pipelines.evaluate import step_cost_for
+from pipelines.evaluate import prompt_lookup_drafter, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
 GREEN, RESET = "\033[32m", "\033[0m"
@@ -95,16 +92,10 @@ def main(cfg: DictConfig) -> None:
     prepare_for_decoding(model)                       # after a LoRA merge: CPU fast paths on the final weights
     if heads is not None:
         prepare_heads_for_decoding(heads)
-    tree = tree_from_config(cfg.tree) if heads is not None else None
-    tree_cfg = OmegaConf.to_container(cfg.tree, resolve=True)
-    if tree is not None and (tree_cfg.get("cut_by_cost") or tree_cfg.get("lookup")):   # named by the option, as
-        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name")))                # in pipelines.evaluate
-    lookup = None
-    if heads is not None and tree_cfg.get("lookup"):          # tree=optimal_pld | dynamic_pld
-        pld = cfg.eval.prompt_lookup.pld
-        lookup = PromptLookupDrafter(int(pld.num_tokens), int(pld.max_ngram), int(pld.min_ngram),
-                                     None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram))
-    step_cost = None if heads is None else step_cost_for(tree_cfg, tree, lookup.num_tokens if lookup else 0)
+    tree, step_cost, lookup = None, None, None
+    if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
+        tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
+        lookup = prompt_lookup_drafter(cfg) if with_lookup else None
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
