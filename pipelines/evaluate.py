@@ -126,10 +126,6 @@ def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict
     return OmegaConf.to_container(node, resolve=True)["tree"]
 
 
-def tree_for(cfg: DictConfig, tree_name: str | None, heads_name: str) -> TreeSpec:
-    return tree_from_config(tree_config(cfg, tree_name, heads_name))
-
-
 def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list[float] | None:
     """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None; for steps
     of up to the tree's tokens + extra_tokens (a lookup branch's)."""
@@ -232,7 +228,7 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
         return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=int(hf.num_tokens),
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    lookup = prompt_lookup_drafter(cfg)
+    lookup = prompt_lookup_drafter(cfg) if method.kind == "pld" or method.lookup else None
     return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
                     drafter=lookup if method.kind == "pld" else None, step_cost=method.step_cost,

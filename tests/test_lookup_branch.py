@@ -9,7 +9,7 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.lookup_branch import LookupBranchDrafter, merge_chain
+from models.engine.lookup_branch import LookupBranchDrafter, merge_chain, with_branch
 from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from tests.test_decoding import FAMILIES, cyclic_prompt, random_heads
@@ -53,13 +53,11 @@ def test_merged_tree_is_the_union_of_the_heads_paths_and_the_chain(chain):
     """Every node's token sequence is a heads' path or a prefix of the chain, each exactly once, and the
     merged buffers are a valid tree (parents first, masks of ancestors)."""
     heads = FixedTree(SMALL, [7, 10, 11, 12, 13])
-    drafter = LookupBranchDrafter.__new__(LookupBranchDrafter)
-    drafter.branch_rank, drafter._merged = SMALL.topk, {}
     through, covered = merge_chain(heads.buf.children, heads.tokens.tolist(), chain)
     rest = chain[covered:]
     buf, tokens = heads.buf, heads.tokens
     if rest:
-        buf, src = drafter._merge(heads.buf, through[-1] if through else 0, len(rest))
+        buf, src = with_branch(SMALL, through[-1] if through else 0, len(rest))
         tokens = torch.cat([heads.tokens, torch.tensor(rest)])[src]
     want = sequences(heads.buf, heads.tokens) | {tuple(chain[:j]) for j in range(1, len(chain) + 1)}
     assert sequences(buf, tokens) == want and buf.num_tokens == len(want) + 1 and int(tokens[0]) == 7

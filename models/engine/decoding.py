@@ -40,7 +40,7 @@ from models.engine.projection import BaseLogits, base_logits
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
 __all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "FixedDrafter", "DecodeState",
-           "prefill", "decode_step", "time_step", "generate", "cut_by_cost"]
+           "prefill", "decode_step", "time_step", "generate", "cut_by_cost", "checked_step_costs"]
 
 
 @dataclass
@@ -195,6 +195,16 @@ class StepDrafter(Protocol):
         """Forget every position from `position` on, as if decoding had stopped there (DecodeState.rewind)."""
 
 
+def checked_step_costs(step_cost) -> list[float] | None:
+    """step_cost as floats (None stays None); a ValueError unless they are positive costs of steps of 1, 2, ... tokens."""
+    if step_cost is None:
+        return None
+    costs = [float(c) for c in step_cost]
+    if len(costs) < 1 or min(costs) <= 0:
+        raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
+    return costs
+
+
 def cut_by_cost(node_probs: list[float], step_cost: list[float]) -> tuple[int, ...]:
     """The nodes worth verifying: node_probs[i] = the heads' probability that node i is accepted (the product of
     their probabilities along its path; node 0 = root, 1), step_cost[m - 1] = the cost of a step verifying m
@@ -224,10 +234,8 @@ class TreeDrafter:
         spec.check_heads(heads.config.num_heads)
         self.buf = TreeBuffers.build(spec)
         self.heads_drafter = Drafter(heads, sampling, generator)
-        self.step_cost = None if step_cost is None or sampling.samples_drafts else [float(c) for c in step_cost]
+        self.step_cost = None if sampling.samples_drafts else checked_step_costs(step_cost)
         if self.step_cost is not None:
-            if len(self.step_cost) < 1 or min(self.step_cost) <= 0:
-                raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
             self.heads_drafter.track_probs = True
 
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:

@@ -23,14 +23,16 @@ proposes; the heads draft on their own tree only, the merged buffers serve verif
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from models.engine.acceptance import SamplingConfig
-from models.engine.decoding import TreeDrafter, cut_by_cost
+from models.engine.decoding import TreeDrafter, checked_step_costs, cut_by_cost
 from models.engine.prompt_lookup import PromptLookupDrafter
 from models.engine.trees import TreeBuffers, TreeSpec
 
-__all__ = ["LookupBranchDrafter", "merge_chain"]
+__all__ = ["LookupBranchDrafter", "merge_chain", "with_branch"]
 
 
 def merge_chain(children: list[list[int]], tokens: list[int], chain: list[int]) -> tuple[list[int], int]:
@@ -44,6 +46,19 @@ def merge_chain(children: list[list[int]], tokens: list[int], chain: list[int]) 
             break
         through.append(node)
     return through, len(through)
+
+
+@functools.lru_cache(maxsize=256)
+def with_branch(spec: TreeSpec, attach: int, k: int) -> tuple[TreeBuffers, torch.Tensor]:
+    """Buffers of `spec`'s tree with a chain of k lookup nodes below its node `attach` (node order of
+    TreeBuffers), and src: merged node i is entry src[i] of [spec's node tokens..., the k chain tokens].
+    The branch's nodes carry rank spec.topk, which no head proposes."""
+    nodes = [()] + sorted(spec.paths, key=lambda p: (len(p), p))                # node i of spec's buffers
+    branch = [nodes[attach] + (spec.topk,) + (0,) * j for j in range(k)]
+    merged = TreeSpec(f"{spec.name}+lookup{k}", spec.paths + tuple(branch), spec.topk + 1)
+    index = {p: i for i, p in enumerate(nodes)} | {p: len(nodes) + j for j, p in enumerate(branch)}
+    order = [()] + sorted(merged.paths, key=lambda p: (len(p), p))
+    return TreeBuffers.build(merged), torch.tensor([index[p] for p in order])
 
 
 class LookupBranchDrafter:
@@ -60,16 +75,12 @@ class LookupBranchDrafter:
                              "lookup tokens do not have)")
         self.tree = TreeDrafter(heads, tree, sampling, generator)           # uncut: the union is cut here
         self.lookup = lookup
-        self.step_cost = None if step_cost is None else [float(c) for c in step_cost]
+        self.step_cost = checked_step_costs(step_cost)
         if self.step_cost is not None:
-            if len(self.step_cost) < 1 or min(self.step_cost) <= 0:
-                raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
             self.tree.heads_drafter.track_probs = True
-        self.branch_rank = self.tree.buf.spec.topk                          # marks a lookup node in a merged spec
         self.stats: dict[int, list[float]] = {}                             # n-gram length -> [right, tried]
         self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)
         self._accepted: list[int] = []                                      # last step's accepted drafts
-        self._merged: dict = {}                                             # (spec, attach, k) -> (buffers, src)
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -127,7 +138,7 @@ class LookupBranchDrafter:
                 probs[node] = max(float(probs[node]), r ** j)
             probs = torch.cat([probs, torch.tensor([r ** (covered + k) for k in range(1, len(rest) + 1)])])
         if rest:
-            merged, src = self._merge(buf, attach, len(rest))
+            merged, src = with_branch(buf.spec, attach, len(rest))
             buf, tokens = merged, torch.cat([tokens, tokens.new_tensor(rest)])[src]
             probs = None if probs is None else probs[src]
         if probs is not None and buf.num_tokens > 1:
@@ -135,17 +146,3 @@ class LookupBranchDrafter:
             if len(keep) < buf.num_tokens:
                 buf, tokens = buf.subtree(keep), tokens[list(keep)]
         return buf, tokens, None
-
-    def _merge(self, buf: TreeBuffers, attach: int, k: int) -> tuple[TreeBuffers, torch.Tensor]:
-        """Buffers of buf's tree with a chain of k lookup nodes below node `attach`, and src: merged node i is
-        entry src[i] of [buf's tokens..., the k chain tokens]."""
-        key = (buf.spec, attach, k)
-        if key not in self._merged:
-            nodes = [()] + sorted(buf.spec.paths, key=lambda p: (len(p), p))     # node i of buf
-            branch = [nodes[attach] + (self.branch_rank,) + (0,) * j for j in range(k)]
-            spec = TreeSpec(f"{buf.spec.name}+lookup{k}", buf.spec.paths + tuple(branch), buf.spec.topk + 1)
-            merged = TreeBuffers.build(spec)
-            index = {p: i for i, p in enumerate(nodes)} | {p: len(nodes) + j for j, p in enumerate(branch)}
-            order = [()] + sorted(spec.paths, key=lambda p: (len(p), p))
-            self._merged[key] = (merged, torch.tensor([index[p] for p in order]))
-        return self._merged[key]
