@@ -39,7 +39,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from datasets import load_from_disk
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import LearningRateMonitor
 
 from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
@@ -85,6 +85,32 @@ def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list
                              f"max_length={n}")
         out[split] = (ids_list, labels_list)
     return out
+
+
+def with_profile_heads(cfg: DictConfig) -> DictConfig:
+    """cfg with profile.train.heads_overrides[<heads name>] merged into cfg.heads: a profile's own recipe for
+    a family where the paper's does not fit its data (cpu: Hydra++), conf/heads/<name>.yaml left as published."""
+    overrides = cfg.profile.train.get("heads_overrides") or {}
+    unknown = sorted(set(overrides) - set(heads_options()))
+    if unknown:
+        raise ValueError(f"profile.train.heads_overrides names {unknown}: not head configs; use {heads_options()}")
+    mine = overrides.get(cfg.heads.name)
+    if not mine:
+        return cfg
+    extra = sorted(set(mine) - set(cfg.heads))
+    if extra:
+        raise ValueError(f"profile.train.heads_overrides.{cfg.heads.name} sets {extra}: not keys of "
+                         f"conf/heads/{cfg.heads.name}.yaml; it takes {sorted(cfg.heads)}")
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.heads = OmegaConf.merge(cfg.heads, mine)
+    return cfg
+
+
+def profile_overrides(cfg: DictConfig) -> dict:
+    """What profile.train.heads_overrides sets for these heads ({} when nothing)."""
+    mine = (cfg.profile.train.get("heads_overrides") or {}).get(cfg.heads.name)
+    return OmegaConf.to_container(mine, resolve=True) if mine else {}
 
 
 def effective_epochs(cfg: DictConfig) -> int:
@@ -156,6 +182,7 @@ def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torc
 
 def run_train(cfg: DictConfig) -> dict:
     """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
+    cfg = with_profile_heads(cfg)
     t0, t, h = time.time(), cfg.profile.train, cfg.heads
     if h.family == "none":
         raise ValueError(f"heads=none has nothing to train; use heads=<one of {heads_options()}>")
@@ -240,6 +267,8 @@ def run_train(cfg: DictConfig) -> dict:
         save_heads(heads, module if module.joint_backbone else None, out_dir)
         metrics = {
             "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
+            "recipe": dataclasses.asdict(recipe), "dropout": float(h.dropout),
+            "profile_overrides": profile_overrides(cfg),
             "epochs": epochs, "world_size": trainer.world_size, "steps": {p: v["steps"] for p, v in parts.items()},
             "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
             "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()},

@@ -298,6 +298,29 @@ def test_head_loss_weights_follow_each_trainer(compose_cfg):
         assert [recipe.head_weight(k) for k in range(3)] == pytest.approx(weights), name
 
 
+def test_profile_heads_overrides_change_one_family_only(compose_cfg):
+    """profile.train.heads_overrides.<name> is merged into that family's config (recipe and all); the other
+    families and conf/heads/<name>.yaml keep theirs; a name or key it does not know is refused, naming both."""
+    from pipelines.common import apply_selection
+    from pipelines.train import make_recipe, with_profile_heads
+
+    def heads(name, *overrides):
+        return with_profile_heads(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
+
+    set_pp = ["+profile.train.heads_overrides.hydra_pp.recipe.lr=0.002",
+              "+profile.train.heads_overrides.hydra_pp.dropout=0.3"]
+    pp = heads("hydra_pp", "profile=paper", *set_pp)
+    assert make_recipe(pp).lr == pytest.approx(0.002) and pp.heads.dropout == pytest.approx(0.3)
+    assert make_recipe(pp).teacher_loss_weight == 1.0          # what it does not set stays the heads config's
+    paper = heads("hydra_pp", "profile=paper")                 # the paper profile keeps the published recipe
+    assert make_recipe(paper).lr == pytest.approx(5e-4) and make_recipe(paper).lm_loss_weight == 0.0
+    assert make_recipe(heads("hydra", "profile=paper", *set_pp)).lr == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match=r"names \['hydra_p'\].*hydra_pp"):
+        heads("hydra", "profile=paper", "+profile.train.heads_overrides.hydra_p.dropout=0.1")
+    with pytest.raises(ValueError, match=r"sets \['drop'\].*dropout"):
+        heads("hydra_pp", "profile=paper", "+profile.train.heads_overrides.hydra_pp.drop=0.1")
+
+
 def test_epoch_caps_per_heads(compose_cfg):
     """profile.train.max_epochs caps every family (a number) or each heads name (a mapping with a default)."""
     from pipelines.common import apply_selection
