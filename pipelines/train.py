@@ -87,6 +87,12 @@ def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list
     return out
 
 
+def profile_overrides(cfg: DictConfig) -> dict:
+    """What profile.train.heads_overrides sets for these heads ({} when nothing)."""
+    mine = (cfg.profile.train.get("heads_overrides") or {}).get(cfg.heads.name)
+    return OmegaConf.to_container(mine, resolve=True) if mine else {}
+
+
 def with_profile_heads(cfg: DictConfig) -> DictConfig:
     """cfg with profile.train.heads_overrides[<heads name>] merged into cfg.heads: a profile's own recipe for
     a family where the paper's does not fit its data (cpu: Hydra++), conf/heads/<name>.yaml left as published."""
@@ -94,7 +100,7 @@ def with_profile_heads(cfg: DictConfig) -> DictConfig:
     unknown = sorted(set(overrides) - set(heads_options()))
     if unknown:
         raise ValueError(f"profile.train.heads_overrides names {unknown}: not head configs; use {heads_options()}")
-    mine = overrides.get(cfg.heads.name)
+    mine = profile_overrides(cfg)
     if not mine:
         return cfg
     extra = sorted(set(mine) - set(cfg.heads))
@@ -105,12 +111,6 @@ def with_profile_heads(cfg: DictConfig) -> DictConfig:
     with open_dict(cfg):
         cfg.heads = OmegaConf.merge(cfg.heads, mine)
     return cfg
-
-
-def profile_overrides(cfg: DictConfig) -> dict:
-    """What profile.train.heads_overrides sets for these heads ({} when nothing)."""
-    mine = (cfg.profile.train.get("heads_overrides") or {}).get(cfg.heads.name)
-    return OmegaConf.to_container(mine, resolve=True) if mine else {}
 
 
 def effective_epochs(cfg: DictConfig) -> int:
