@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench install mlflow-ui
+.PHONY: repro test test-fast bench bench-cut install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -35,6 +35,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench_verify
+
+# per-step cut replay of trained heads on MT-Bench (after `make repro`); HEADS: which heads folders
+HEADS ?= medusa1 hydra hydra_pp
+bench-cut: $(STAMP)
+	for h in $(HEADS); do $(BIN)/python -m pipelines.bench_cut heads=$$h $(OVERRIDES) || exit 1; done
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000
