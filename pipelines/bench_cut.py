@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_cut heads=hydra [+cut.tree=dynamic]        (make bench-cut OVERRIDES="heads=hydra")
+"""python -m pipelines.bench_cut heads=hydra [+cut.tree=dynamic]        (make bench-cut HEADS="hydra hydra_pp")
 
 A benchmark, not a stage: how much could cutting the draft tree per step gain on MT-Bench, for trained heads?
 Decodes the evaluation's questions (profile.eval: first turns, max_new_tokens) greedily with the heads on the
@@ -11,7 +11,6 @@ Prints the table and writes reports/bench/cut_replay_<heads>.json.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,9 +22,8 @@ from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for
 from models.heads import ADAPTER_DIR, load_heads
 from models.measure.benchmark import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
-from models.measure.latency import relative_step_costs
 from pipelines.common import load_model, log, stage, write_json
-from pipelines.evaluate import resolve_tree, stop_token_ids, tree_config
+from pipelines.evaluate import resolve_tree, step_cost_for, stop_token_ids, tree_config
 
 
 @stage
@@ -45,8 +43,7 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"cut.tree={tree_name!r} merges prompt lookup; use a heads-only tree (dynamic, optimal, ...)")
     prepare_for_decoding(model)
     prepare_heads_for_decoding(heads)
-    prof = json.loads(latency.read_text())
-    step_cost = relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"], tree.num_nodes + 1)
+    step_cost = step_cost_for({"cut_by_cost": str(latency)}, tree)    # the costs tree=dynamic is cut with
 
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
     stops, max_new = stop_token_ids(model, tok), int(cfg.profile.eval.max_new_tokens)
