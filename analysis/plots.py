@@ -132,3 +132,45 @@ def plot_calibration(rows: list[dict], path, title: str = "") -> Path:
     if rows:
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def _forest(ax, labels: list[str], values: list[float], cis: list, colors: list[str] | None = None) -> None:
+    """Horizontal points with their interval bars, first label on top."""
+    ys = list(range(len(labels)))[::-1]
+    for y, v, ci, c in zip(ys, values, cis, colors or ["C0"] * len(labels)):
+        if ci:
+            ax.plot(ci, [y, y], color=c, linewidth=2)
+        ax.plot([v], [y], "o", color=c)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+
+
+def plot_speedup_intervals(summary: dict, path) -> Path:
+    """Every method's end-to-end speedup (Spec-Bench) with its 95% bootstrap interval over questions; the number
+    of questions beside each label (the sweeps run on a subset)."""
+    rows = [(name, m) for name, m in summary["methods"].items()
+            if m["kind"] in ("heads", *PLD_KINDS) and (m.get("intervals") or {}).get("speedup", {}).get("value")]
+    fig, ax = plt.subplots(figsize=(6.5, 0.22 * len(rows) + 1.5))
+    if rows:
+        iv = [m["intervals"]["speedup"] for _, m in rows]
+        colors = ["C1" if m["kind"] in PLD_KINDS else "C0" for _, m in rows]
+        _forest(ax, [f"{name} ({m['questions']} q)" for name, m in rows], [i["value"] for i in iv],
+                [i["ci"] for i in iv], colors)
+    ax.set_xlabel("speedup over autoregressive, end to end (95% bootstrap interval over questions)")
+    ax.set_title(f"Speedup with intervals: {ours_label(summary)}", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_comparisons(rows: list[dict], path, title: str = "") -> Path:
+    """Paired comparisons (analysis.comparisons.standard_comparisons): ratio A / B with its 95% interval; right of
+    the dashed line A is ahead."""
+    rows = [r for r in rows if r.get("ratio") is not None]
+    fig, ax = plt.subplots(figsize=(7, 0.25 * len(rows) + 1.5))
+    if rows:
+        colors = ["C2" if r["interval"] and r["interval"][0] > 1 else "C3" if r["interval"] and r["interval"][1] < 1
+                  else "grey" for r in rows]
+        _forest(ax, [f"{r['question']} ({r['wins']}/{r['questions']})" for r in rows], [r["ratio"] for r in rows],
+                [r["interval"] for r in rows], colors)
+    ax.set_xlabel("ratio A / B of mean per-question values (paired 95% bootstrap interval)")
+    ax.set_title(title or "Paired comparisons (green: A ahead, red: B ahead, grey: no clear difference)", fontsize=8)
+    return _save(fig, path)

@@ -84,6 +84,16 @@ def fmt_length(stat, published: bool = False) -> str:
     return "-" if stat.get("mean") is None else f"{stat['mean']:.2f}"
 
 
+def fmt_interval_of(m: dict, key: str, unit: str = "x") -> str:
+    """"1.28x (1.22-1.34)": a method's figure with its 95% bootstrap interval over questions (from
+    m["intervals"]); the plain figure when the summary has no interval."""
+    iv = (m.get("intervals") or {}).get(key) or {}
+    if iv.get("value") is None:
+        return fmt_speedup(m.get(key)) if unit == "x" else fmt_length(m.get(key))
+    ci = iv.get("ci")
+    return f"{iv['value']:.2f}{unit}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
 def fmt_rate(stat) -> str:
     return "-" if stat is None or stat.get("mean") is None else f"{stat['mean']:.1f}"
 
@@ -202,10 +212,12 @@ def speed_table(summary: dict) -> Table:
         mean = m["speedup"].get("mean")
         versus = "-" if best is None or mean is None or not best[1] else f"{mean / best[1]:.2f}x ({best[0]})"
         t.rows.append([name, tree_nodes(m), str(m.get("questions") or "-"),
-                       fmt_speedup(m["speedup"]), fmt_speedup(m.get("decode_speedup")), fmt_length(m["accept_length"]),
+                       fmt_interval_of(m, "speedup"), fmt_interval_of(m, "decode_speedup"),
+                       fmt_interval_of(m, "accept_length", unit=""),
                        fmt_rate(m["throughput"]), fmt_rate(m.get("decode_throughput")), versus,
                        categories_ahead_of_pld(summary, m) if m["kind"] == "heads" else "-"])
-    t.notes.append(f"{ours_label(summary)}, {s.get('max_new_tokens')} new tokens per turn. End to end: per "
+    t.notes.append(f"{ours_label(summary)}, {s.get('max_new_tokens')} new tokens per turn. In brackets: 95% bootstrap "
+                   "interval over questions. End to end: per "
                    "question, new tokens / wall time (prefill included), over the baseline's; decode-only: new tokens "
                    "after the first / time after the prefill, over the baseline's; both averaged over questions "
                    "(Spec-Bench). vs stronger PLD: end-to-end speedup over that of the faster prompt lookup (pld: "

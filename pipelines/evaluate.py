@@ -55,7 +55,7 @@ from tqdm import tqdm
 from models.measure.latency import relative_step_costs
 from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
                               load_questions, prompt_lookup_generate, rotated, speedup_on_questions_of, spread,
-                              summarize_method)
+                              summarize_method, token_agreement)
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
@@ -501,6 +501,9 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         if m.kind == "heads":     # the prompt lookups on this method's questions: does it beat the stronger?
             s["pld_speedups"] = {p: speedup_on_questions_of(records[p], records["baseline"], records[m.name])
                                  for p in plds}
+        if m.kind == "reference":  # how far the adapted backbone moved: its greedy answers against the base's
+            s["agreement_with_base"] = token_agreement([r for run in records[m.name] for r in run],
+                                                       [r for run in records["baseline"] for r in run])
         summary["methods"][m.name] = s
         body = {"method": m.name, "model": model_name, "hardware": summary["hardware"], "settings": settings,
                 "summary": s, "runs": [[r.as_dict() for r in run] for run in records[m.name]]}
@@ -517,16 +520,32 @@ def metrics_of(summary: dict, lossless: dict) -> dict:
     """reports/metrics/evaluate*.json: per method both speedups, and the stronger prompt lookup (pld or
     pld_hf, by end-to-end speedup) that "beats prompt lookup" is judged against."""
     base = summary["methods"]["baseline"]
-    methods = {n: {"speedup": s["speedup"]["mean"], "speedup_std": s["speedup"]["std"],
-                   "decode_speedup": s["decode_speedup"]["mean"], "decode_speedup_std": s["decode_speedup"]["std"],
-                   "accept_length": s["accept_length"]["mean"], "tokens_per_s": s["throughput"]["mean"],
+    def ci(s, key):
+        return (s.get("intervals") or {}).get(key, {}).get("ci")
+
+    def alt(s, key):
+        e = (s.get("intervals") or {}).get(key) or {}
+        return {"value": e.get("value"), "ci": e.get("ci")}
+
+    methods = {n: {"speedup": s["speedup"]["mean"], "speedup_ci": ci(s, "speedup"), "speedup_std": s["speedup"]["std"],
+                   "decode_speedup": s["decode_speedup"]["mean"], "decode_speedup_ci": ci(s, "decode_speedup"),
+                   "decode_speedup_std": s["decode_speedup"]["std"],
+                   "speedup_mean_of_ratios": alt(s, "mean_of_ratios"), "speedup_pooled": alt(s, "pooled"),
+                   "accept_length": s["accept_length"]["mean"], "accept_length_ci": ci(s, "accept_length"),
+                   "tokens_per_s": s["throughput"]["mean"],
                    "decode_tokens_per_s": s["decode_throughput"]["mean"], "questions": s["questions"],
-                   **({"pld_speedups": s["pld_speedups"]} if "pld_speedups" in s else {})}
+                   "per_category_speedup": {c: v["speedup"]["mean"] for c, v in (s.get("per_category") or {}).items()},
+                   **({"pld_speedups": s["pld_speedups"]} if "pld_speedups" in s else {}),
+                   **({"agreement_with_base": s["agreement_with_base"]} if "agreement_with_base" in s else {})}
                for n, s in summary["methods"].items() if n != "baseline"}
     plds = [n for n, s in summary["methods"].items()
             if s["kind"] in ("pld", "pld_hf") and s["speedup"]["mean"] is not None]
     best = max(plds, key=lambda n: summary["methods"][n]["speedup"]["mean"], default=None)
     return {"tag": summary["tag"], "lossless": lossless["passed"],
+            "lossless_checked_turns": sum(v["checked_turns"] for v in lossless.get("methods", {}).values()),
+            "interval": "95% percentile bootstrap over questions (10,000 resamples); speedup: mean per-question "
+                        "throughput over the baseline's (Spec-Bench), speedup_mean_of_ratios: mean of per-question "
+                        "ratios, speedup_pooled: summed tokens over summed time",
             "num_questions": summary["settings"]["num_questions"],
             "max_new_tokens": summary["settings"]["max_new_tokens"],
             "baseline_tokens_per_s": base["throughput"]["mean"],
@@ -535,8 +554,21 @@ def metrics_of(summary: dict, lossless: dict) -> dict:
             "methods": methods}
 
 
+def check_protocol(cfg: DictConfig) -> None:
+    """profile.eval's counts, each refused with its value and what is accepted before any model is loaded."""
+    ev = cfg.profile.eval
+    for key, least in (("max_new_tokens", 1), ("turns", 1), ("repeats", 1), ("warmup", 0)):
+        v = ev.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"profile.eval.{key}={v!r}: use a whole number >= {least}")
+    n = ev.get("num_questions")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"profile.eval.num_questions={n!r}: use a whole number >= 1, or null for all 80")
+
+
 def run_evaluation(cfg: DictConfig) -> dict:
     """The whole stage; returns the summary. Raises LosslessnessError after writing everything."""
+    check_protocol(cfg)
     torch.set_num_threads(int(cfg.eval.num_threads or os.cpu_count() or 1))
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

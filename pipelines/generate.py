@@ -81,10 +81,26 @@ class Streamer:
         self.stream.flush()
 
 
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse values that would make an empty or meaningless answer, naming the value and what is accepted."""
+    n = cfg.max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_new_tokens={n!r}: the number of new tokens must be a whole number >= 1")
+    if float(cfg.temperature) < 0:
+        raise ValueError(f"temperature={cfg.temperature!r}: use 0 (greedy) or a positive temperature")
+    if not 0 < float(cfg.top_p) <= 1:
+        raise ValueError(f"top_p={cfg.top_p!r}: use a value in (0, 1] (1 keeps every token)")
+    if isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 0:
+        raise ValueError(f"top_k={cfg.top_k!r}: use a whole number >= 0 (0 keeps every token)")
+    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
+        raise ValueError(f"threads={cfg.threads!r}: use a whole number >= 1, or leave it unset (all cores)")
+
+
 @stage
 def main(cfg: DictConfig) -> None:
     if not cfg.prompt:
         raise ValueError('no prompt: pass prompt="..." on the command line')
+    check_settings(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     model, tok = load_model(cfg)

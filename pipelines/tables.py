@@ -11,15 +11,23 @@ when present). Writes to reports/:
   speedup_vs_tree_size.png         speedup (end to end and decode-only) against tree nodes, per heads; PLDs as lines
   calibration.png                  predicted (calibrate) vs measured (evaluate) accepted length
   speedup.csv                      one row per method: the data behind `dvc plots show`
+  results.md                       the results document: headline figures with 95% intervals, paired comparisons,
+                                   the papers' claims judged by them, per-category means, Medusa-2's joint stage
+                                   (also reads reports/metrics/train_*.json and results/calibrate/latency.json)
+  speedup_intervals.png            every method's speedup with its interval
+  comparisons.png                  the paired comparisons, ratio and interval
 """
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from analysis import plots
+from analysis.comparisons import standard_comparisons
+from analysis.results import results_markdown
 from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
 
@@ -36,21 +44,33 @@ def settings_line(summary: dict) -> str:
 def write_csv(summary: dict, path: Path) -> Path:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "heads", "tree", "tree_nodes", "speedup", "speedup_std", "decode_speedup",
-                    "decode_speedup_std", "accept_length", "throughput", "questions"])
+        w.writerow(["method", "heads", "tree", "tree_nodes", "speedup", "speedup_ci_low", "speedup_ci_high",
+                    "decode_speedup", "accept_length", "accept_length_ci_low", "accept_length_ci_high", "throughput",
+                    "questions"])
         for name, m in summary["methods"].items():
             if m["kind"] == "reference":
                 continue
             decode = m.get("decode_speedup") or {}
+            iv = m.get("intervals") or {}
+            sp, acc = (iv.get("speedup") or {}).get("ci") or [None, None], (iv.get("accept_length") or {}).get("ci") or [None, None]
             w.writerow([name, m.get("heads") or "", m.get("tree") or "", m.get("tree_nodes") or 0,
-                        _r(m["speedup"]["mean"]), _r(m["speedup"]["std"]), _r(decode.get("mean")),
-                        _r(decode.get("std")), _r(m["accept_length"]["mean"]), _r(m["throughput"]["mean"]),
+                        _r(m["speedup"]["mean"]), _r(sp[0]), _r(sp[1]), _r(decode.get("mean")),
+                        _r(m["accept_length"]["mean"]), _r(acc[0]), _r(acc[1]), _r(m["throughput"]["mean"]),
                         m.get("questions") or ""])
     return path
 
 
 def _r(x):
     return "" if x is None else round(float(x), 4)
+
+
+def load_train_metrics(folder: Path) -> dict[str, dict]:
+    """{heads name: reports/metrics/train_<name>.json} for the trained heads whose metrics exist."""
+    return {p.stem[len("train_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("train_*.json"))}
+
+
+def load_latency(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def make_reports(cfg: DictConfig) -> list[Path]:
@@ -74,7 +94,12 @@ def make_reports(cfg: DictConfig) -> list[Path]:
              plots.plot_accept_histogram(summary, reports / "accept_length_histogram.png", tree=plot_tree),
              plots.plot_speedup_vs_tree_size(summary, reports / "speedup_vs_tree_size.png"),
              plots.plot_calibration(calibration_rows(summary, calibrations), reports / "calibration.png"),
-             write_csv(summary, reports / "speedup.csv")]
+             write_csv(summary, reports / "speedup.csv"),
+             plots.plot_speedup_intervals(summary, reports / "speedup_intervals.png"),
+             plots.plot_comparisons(standard_comparisons(summary), reports / "comparisons.png")]
+    train = load_train_metrics(reports / "metrics")
+    (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json")))
+    paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)
     return paths

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -47,8 +48,8 @@ from models.heads.head_data import HeadsDataset, conversation_loader, target_pos
 from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, on_gpu,
-                                   resolve_precision)
+from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable,
+                                   head_positions, on_gpu, resolve_precision)
 from pipelines.deps import code_digest
 from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
 
@@ -264,6 +265,7 @@ def run_train(cfg: DictConfig) -> dict:
         t_fit = time.time() - t_fit
         # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
+        drift = backbone_drift(module, data, device) if module.joint_backbone else {}
         save_heads(heads, module if module.joint_backbone else None, out_dir)
         metrics = {
             "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
@@ -272,6 +274,9 @@ def run_train(cfg: DictConfig) -> dict:
             "epochs": epochs, "world_size": trainer.world_size, "steps": {p: v["steps"] for p, v in parts.items()},
             "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
             "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()},
+            **({"joint_curve": parts["stage2"]["curve"], "joint_train_examples": min(
+                len(data["train"][0]), t.get("joint_max_train_samples") or len(data["train"][0])), **drift}
+               if "stage2" in parts else {}),
             "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},
             "batch_positions": batch_positions,
             "train_examples": len(data["train"][0]), "val_examples": len(data["val"][0]),
@@ -330,8 +335,31 @@ def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, t
     return module, trainer, {"fit": part}
 
 
+class JointCurve(pl.Callback):
+    """Head-0 val top-1 at each validation of the joint stage against the training positions seen so far (head 0's
+    targets): how much joint data the heads and the backbone need before the joint stage helps."""
+
+    def __init__(self, monitor: str = "val/top1_head0"):
+        self.monitor, self.positions, self.points = monitor, 0, []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.positions += len(head_positions(batch["labels"], 0, batch.get("sources"))[0])
+
+    def on_validation_end(self, trainer, module):
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and self.monitor in trainer.callback_metrics:
+            self.points.append({"positions": self.positions, "step": trainer.global_step,
+                                "val_top1_head0": round(float(trainer.callback_metrics[self.monitor]), 4)})
+
+    def state_dict(self) -> dict:
+        return {"positions": self.positions, "points": self.points}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.positions, self.points = state["positions"], state["points"]
+
+
 def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
-    """Stage 1: heads only on the frozen base (Medusa-1 with the heads' lr). Stage 2: LoRA backbone + heads."""
+    """Stage 1: heads only on the frozen base (Medusa-1 with the heads' lr). Stage 2: LoRA backbone + heads,
+    validated every profile.train.joint_val_every_n_steps steps (the curve of head 0 against joint positions)."""
     from peft import LoraConfig, get_peft_model
 
     r, t = cfg.heads.recipe, cfg.profile.train
@@ -348,10 +376,42 @@ def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs
     backbone = get_peft_model(model, lora)
     module = MODULES["medusa2"](heads, backbone, recipe)
     limit = t.get("joint_max_train_samples")
-    trainer, parts["stage2"] = fit_part(module, loader("train", "medusa2", limit=limit), loader("val"),
+    curve = JointCurve()
+    kwargs2 = dict(trainer_kwargs)
+    train2 = loader("train", "medusa2", limit=limit)
+    if t.get("joint_val_every_n_steps"):     # at most once an epoch's batches (Lightning refuses a longer interval)
+        kwargs2["val_check_interval"] = min(int(t.joint_val_every_n_steps), len(train2))
+    trainer, parts["stage2"] = fit_part(module, train2, loader("val"),
                                         ckpt_root / "stage2", fingerprint(cfg, data_key, "stage2"), stage2,
-                                        trainer_kwargs, logger, cbs, every)
+                                        kwargs2, logger, [*cbs, curve], every)
+    parts["stage2"]["curve"] = curve.points
     return module, trainer, parts
+
+
+@torch.no_grad()
+def answer_perplexity(model, ids_list, labels_list, device: str) -> float:
+    """exp(mean NLL) of the answer tokens (labels != -100) under `model`, one conversation at a time."""
+    nll, n = 0.0, 0
+    for ids, labels in zip(ids_list, labels_list):
+        x = torch.tensor([ids], device=device)
+        y = torch.tensor([labels[1:]], device=device)
+        logits = model(input_ids=x).logits[0, :-1].float()
+        keep = y[0] != IGNORE_INDEX
+        if keep.any():
+            nll += float(torch.nn.functional.cross_entropy(logits[keep], y[0][keep], reduction="sum"))
+            n += int(keep.sum())
+    return math.exp(nll / n) if n else float("nan")
+
+
+def backbone_drift(module, data: dict, device: str) -> dict:
+    """How far a jointly trained backbone moved: the val answers' perplexity with its adapters on and off."""
+    backbone = module.backbone
+    backbone.eval()
+    ids, labels = data["val"]
+    adapted = answer_perplexity(backbone, ids, labels, device)
+    with backbone.disable_adapter():
+        base = answer_perplexity(backbone, ids, labels, device)
+    return {"val_answer_perplexity_base": round(base, 4), "val_answer_perplexity_adapted": round(adapted, 4)}
 
 
 def save_heads(heads, medusa2_module, out_dir: Path) -> None:

@@ -355,6 +355,22 @@ def test_generate_cli(tmp_path):
         assert record["tree"] == (None if heads == "none" else tree[0].removeprefix("tree="))
 
 
+def test_generate_cli_refuses_a_negative_token_count(tmp_path):
+    """max_new_tokens=-3 fails naming the value, before any model is loaded, instead of an empty answer."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", "heads=none", "prompt=Hi",
+           "max_new_tokens=-3", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "max_new_tokens=-3" in proc.stderr and ">= 1" in proc.stderr
+    model, tok = build_tiny_model()
+    with pytest.raises(ValueError, match=r"max_new_tokens=-3"):
+        generate(model, tok, [1, 2, 3], max_new_tokens=-3)
+
+
 # -- prompt lookup through the same decode step ------------------------------------------------------
 def lookup_reference(tokens, num_tokens, max_ngram, min_ngram=1):
     """Brute force: the most recent earlier occurrence of the longest suffix n-gram, copied on (overlapping)."""

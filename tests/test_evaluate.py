@@ -213,6 +213,23 @@ def test_evaluate_end_to_end(stage_cfg, tmp_path):
     assert metrics["methods"]["hydra-chain4"]["decode_speedup"] == decode
     pld = {n: summary["methods"][n]["speedup"]["mean"] for n in ("pld", "pld_hf")}
     assert metrics["strongest_pld"]["method"] == max(pld, key=pld.get)
+    # intervals over questions beside every figure; the headline value is the Spec-Bench speedup itself
+    chain = metrics["methods"]["hydra-chain4"]
+    iv = summary["methods"]["hydra-chain4"]["intervals"]
+    assert set(summary["methods"]["hydra-chain4"]["per_question"]) == {"1", "2"} and iv["questions"] == 2
+    assert chain["speedup_ci"][0] <= chain["speedup_ci"][1] and len(chain["accept_length_ci"]) == 2
+    assert chain["speedup_pooled"]["value"] > 0 and chain["speedup_mean_of_ratios"]["value"] > 0
+    assert metrics["lossless_checked_turns"] == sum(v["checked_turns"] for v in report["methods"].values())
+
+
+def test_evaluate_refuses_bad_protocol_values(stage_cfg):
+    from pipelines.evaluate import check_protocol
+
+    for key, value in (("max_new_tokens", -3), ("turns", 0), ("num_questions", 0), ("repeats", 1.5)):
+        cfg = stage_cfg.copy()
+        cfg.profile.eval[key] = value
+        with pytest.raises(ValueError, match=rf"profile.eval.{key}={value!r}"):
+            check_protocol(cfg)
 
 
 def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):

@@ -330,7 +330,7 @@ def test_epoch_caps_per_heads(compose_cfg):
         return effective_epochs(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
 
     cpu = {name: epochs(name, "profile=cpu") for name in ("medusa1", "medusa2", "hydra", "hydra_pp")}
-    assert cpu == {"medusa1": 3, "medusa2": 2, "hydra": 4, "hydra_pp": 10}
+    assert cpu == {"medusa1": 3, "medusa2": 4, "hydra": 4, "hydra_pp": 6}
     assert epochs("hydra_pp", "profile=paper") == 10 and epochs("medusa1", "profile=paper") == 2
     assert epochs("hydra_pp", "profile=cpu", "profile.train.max_epochs=4") == 4
     with pytest.raises(ValueError, match="needs a `default`"):
@@ -554,6 +554,12 @@ def test_train_stage_writes_heads_metrics_and_reuses_the_cache(stage_cfg, tmp_pa
     # stage 1 on random positions: 25 + 3 windows per conversation (the 3 before the answer feed heads 1-3)
     # in batches of 100 -> 3 steps; stage 2 on the 8 joint conversations -> 2 steps
     assert metrics["steps"] == {"stage1": 3, "stage2": 2}
+    # the joint stage's curve (one validation at its end here) and how far the adapters moved the backbone
+    assert [p["step"] for p in metrics["joint_curve"]] == [2]
+    assert metrics["joint_curve"][0]["positions"] == 8 * 25
+    assert metrics["joint_curve"][0]["val_top1_head0"] == pytest.approx(metrics["val_top1_head0_by_epoch"]["stage2"][-1])
+    assert metrics["val_answer_perplexity_base"] > 1 and metrics["val_answer_perplexity_adapted"] > 1
+    assert metrics["joint_train_examples"] == 8
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "cache" / "hidden").rglob("*.safetensors")} == shards
     assert (tmp_path / "results" / "heads" / "medusa2" / "adapter").is_dir()
     logged = {p.relative_to(p.parents[len(p.relative_to(tmp_path / "mlruns").parts) - 4]).as_posix()

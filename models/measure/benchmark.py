@@ -22,7 +22,10 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from models.measure.intervals import bootstrap_columns
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
@@ -238,7 +241,88 @@ def summarize_method(runs: list[list[TurnRecord]], baseline_runs: list[list[Turn
     out["steps"] = sum(r.steps for r in all_recs)
     out["turns"] = len(all_recs)
     out["questions"] = len({r.question_id for r in all_recs})
+    out["per_question"] = per_question(runs, baseline_runs)
+    out["intervals"] = speed_intervals(out["per_question"])
     return out
+
+
+def per_question(runs: list[list[TurnRecord]], baseline_runs: list[list[TurnRecord]]) -> dict[str, dict]:
+    """{question id (str): its figures over all runs} for the questions both the method and the baseline ran:
+    tokens and seconds (end to end and after the prefill) of the method and the baseline, the method's steps and
+    the tokens they emitted, and the question's speedups (its throughput over the baseline's) and accepted length.
+    What intervals and paired comparisons resample (models/measure/intervals.py)."""
+    def totals(recs):
+        t = defaultdict(lambda: {"tokens": 0, "time": 0.0, "decode_tokens": 0, "decode_time": 0.0, "steps": 0,
+                                 "emitted": 0, "category": None})
+        for r in recs:
+            q = t[r.question_id]
+            q["tokens"] += r.new_tokens
+            q["time"] += r.wall_time
+            q["decode_tokens"] += r.new_tokens - 1
+            q["decode_time"] += r.decode_time
+            q["steps"] += len(r.accept_lengths)
+            q["emitted"] += sum(r.accept_lengths)
+            q["category"] = r.category
+        return t
+
+    mine = totals([r for run in runs for r in run])
+    base = totals([r for run in baseline_runs for r in run])
+    out = {}
+    for qid in sorted(set(mine) & set(base)):
+        m, b = mine[qid], base[qid]
+        if not (m["time"] > 0 and b["time"] > 0 and m["tokens"] and b["tokens"]):
+            continue
+        row = {"category": m["category"], "tokens": m["tokens"], "time": m["time"], "base_tokens": b["tokens"],
+               "base_time": b["time"], "decode_tokens": m["decode_tokens"], "decode_time": m["decode_time"],
+               "base_decode_tokens": b["decode_tokens"], "base_decode_time": b["decode_time"],
+               "steps": m["steps"], "emitted": m["emitted"],
+               "speedup": (m["tokens"] / m["time"]) / (b["tokens"] / b["time"]),
+               "accept_length": m["emitted"] / m["steps"] if m["steps"] else None}
+        ok = m["decode_tokens"] > 0 and m["decode_time"] > 0 and b["decode_tokens"] > 0 and b["decode_time"] > 0
+        row["decode_speedup"] = ((m["decode_tokens"] / m["decode_time"]) / (b["decode_tokens"] / b["decode_time"])
+                                 if ok else None)
+        out[str(qid)] = row
+    return out
+
+
+def speed_intervals(rows: dict[str, dict], resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> dict:
+    """Point figures and bootstrap intervals over questions from per_question rows, three ways to average:
+
+    speedup         Spec-Bench's: mean per-question throughput / the baseline's (the headline figure)
+    mean_of_ratios  the mean over questions of each question's throughput ratio
+    pooled          all new tokens / all seconds, over the baseline's (long answers weigh more)
+    decode_speedup  Spec-Bench's, with the prefill taken out
+    accept_length   tokens emitted per decoding step, pooled over the questions' steps
+    Each {"value", "ci": [lo, hi] or None}; the questions are resampled together for every figure."""
+    rs = list(rows.values())
+    if not rs:
+        return {}
+    col = lambda k: [r[k] for r in rs]      # noqa: E731
+    kw = {"resamples": resamples, "level": level, "seed": seed}
+    tp = {"m": [r["tokens"] / r["time"] for r in rs], "b": [r["base_tokens"] / r["base_time"] for r in rs]}
+    dec = [r for r in rs if r["decode_speedup"] is not None]
+    dtp = {"m": [r["decode_tokens"] / r["decode_time"] for r in dec],
+           "b": [r["base_decode_tokens"] / r["base_decode_time"] for r in dec]}
+    pool = {"t": col("tokens"), "s": col("time"), "bt": col("base_tokens"), "bs": col("base_time")}
+    steps = [r for r in rs if r["steps"]]
+    acc = {"e": [r["emitted"] for r in steps], "n": [r["steps"] for r in steps]}
+    ratio_of_sums = lambda a, b: lambda c: c[a].sum(-1) / c[b].sum(-1)      # noqa: E731
+    pooled = lambda c: (c["t"].sum(-1) / c["s"].sum(-1)) / (c["bt"].sum(-1) / c["bs"].sum(-1))   # noqa: E731
+    mean = lambda c: c["v"].mean(-1)      # noqa: E731
+
+    def entry(columns, stat):
+        if not columns or not len(next(iter(columns.values()))):
+            return {"value": None, "ci": None}
+        value = float(stat({k: np.asarray(v, dtype=float) for k, v in columns.items()}))
+        ci = bootstrap_columns(columns, stat, **kw)
+        return {"value": value, "ci": None if ci is None else [ci[0], ci[1]]}
+
+    return {"questions": len(rs), "level": level, "resamples": resamples,
+            "speedup": entry(tp, ratio_of_sums("m", "b")),
+            "mean_of_ratios": entry({"v": col("speedup")}, mean),
+            "pooled": entry(pool, pooled),
+            "decode_speedup": entry(dtp, ratio_of_sums("m", "b")),
+            "accept_length": entry(acc, ratio_of_sums("e", "n"))}
 
 
 def _category_order(c: str):
@@ -252,6 +336,24 @@ def first_difference(reference: list[int], tokens: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+def token_agreement(records: list[TurnRecord], reference: list[TurnRecord]) -> dict:
+    """How far one greedy model's answers are from another's on the same prompts (a LoRA-adapted backbone
+    against the base): answers identical token for token, and the share of the reference's tokens
+    before the first difference (after it the texts shift, so later tokens are not compared)."""
+    ref = {(r.run, r.question_id, r.turn): r.tokens for r in reference}
+    same, prefix, total, turns = 0, 0, 0, 0
+    for r in records:
+        other = ref.get((r.run, r.question_id, r.turn))
+        if other is None:
+            continue
+        turns += 1
+        pos = first_difference(other, r.tokens)
+        same += pos is None
+        prefix += len(other) if pos is None else pos
+        total += len(other)
+    return {"turns": turns, "identical_answers": same, "identical_prefix_share": prefix / total if total else None}
 
 
 @torch.no_grad()

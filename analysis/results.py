@@ -1,0 +1,129 @@
+"""The results document (reports/results.md): headline figures with intervals, the paired comparisons, the papers'
+claims judged by them, the per-category means and what the joint stage of Medusa-2 did, all from the run's files.
+
+    text = results_markdown(summary, train={"medusa1": {...}, "medusa2": {...}}, latency={...})
+"""
+from __future__ import annotations
+
+from analysis.claims import claim_rows, claims_markdown
+from analysis.comparisons import describe, fmt_interval, standard_comparisons
+from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
+
+
+def _fig(entry: dict | None, fmt: str = "{:.2f}") -> str:
+    if not entry or entry.get("value") is None:
+        return "-"
+    return fmt.format(entry["value"]) + (f" ({fmt_interval(entry['ci'])})" if entry.get("ci") else "")
+
+
+def headline_table(summary: dict) -> str:
+    lines = ["| Method | Questions | Speedup (Spec-Bench) | Mean of per-question ratios | Summed tokens / summed time "
+             "| Decode-only | Accepted tokens/step |", "|---|---|---|---|---|---|---|"]
+    for name, m in summary["methods"].items():
+        if m["kind"] not in ("heads", *PLD_KINDS):
+            continue
+        iv = m.get("intervals") or {}
+        lines.append(f"| {name} | {m.get('questions')} | {_fig(iv.get('speedup'), '{:.2f}x')} | "
+                     f"{_fig(iv.get('mean_of_ratios'), '{:.2f}x')} | {_fig(iv.get('pooled'), '{:.2f}x')} | "
+                     f"{_fig(iv.get('decode_speedup'), '{:.2f}x')} | {_fig(iv.get('accept_length'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def comparisons_table(rows: list[dict]) -> str:
+    lines = ["| Question (A beats B?) | A | B | Compared | A / B (95% interval), questions A wins | Verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        what = "accepted length" if r["metric"] == "accept_length" else "speedup"
+        lines.append(f"| {r['question']} | {r['a_label']} | {r['b_label']} | {what} | {describe(r)} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def category_means_table(summary: dict) -> str:
+    methods = [(n, m) for n, m in summary["methods"].items()
+               if m["kind"] in PLD_KINDS or (m["kind"] == "heads" and m.get("tree") in ("optimal", "optimal_pld"))]
+    cats = [c for c in CATEGORIES if any(c in (m.get("per_category") or {}) for _, m in methods)]
+    lines = ["| Method | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+    for name, m in methods:
+        per = m.get("per_category") or {}
+        cells = [f"{per[c]['speedup']['mean']:.2f}x" if c in per and per[c]["speedup"].get("mean") else "-" for c in cats]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def medusa2_section(summary: dict, train: dict[str, dict]) -> str:
+    m2, m1 = train.get("medusa2"), train.get("medusa1")
+    if not m2:
+        return ""
+    out = []
+    hist = m2.get("val_top1_head0_by_epoch") or {}
+    s1, s2 = hist.get("stage1") or [], hist.get("stage2") or []
+    recipe = m2.get("recipe") or {}
+    out.append(f"Recipe: stage 1 trains the heads alone on the frozen base ({len(s1)} epochs); stage 2 trains LoRA "
+               f"adapters on every linear layer together with the heads on {m2.get('joint_train_examples', '?')} "
+               f"conversations, loss = KL to the adapters-off model + {recipe.get('medusa_lambda')} x "
+               f"sum_k {recipe.get('head_decay')}^(k+{recipe.get('head_decay_offset')}) CE_k ({recipe.get('lambda_schedule')} "
+               f"warm-up of lambda), LoRA lr {recipe.get('lr')}, heads at {recipe.get('head_lr_multiplier')}x.")
+    if s1 and s2:
+        verdict = "raised" if max(s2) > max(s1) else "did not raise"
+        out.append(f"Head-0 val top-1: {max(s1):.3f} after the heads-only stage, {max(s2):.3f} after the joint stage: "
+                   f"the joint stage {verdict} it" + (f" (Medusa-1, same data: {m1['val_top1']['head0']:.3f})." if m1 else "."))
+    curve = m2.get("joint_curve") or []
+    if curve:
+        out.append("\nHead 0 against the joint stage's training positions (validated every few steps within one run; "
+                   "the learning rate follows one schedule over the whole run):\n")
+        out.append("| joint positions | " + " | ".join(f"{p['positions']:,}" for p in curve) + " |")
+        out.append("|---|" + "---|" * len(curve))
+        out.append("| head-0 val top-1 | " + " | ".join(f"{p['val_top1_head0']:.3f}" for p in curve) + " |")
+    if m2.get("val_answer_perplexity_base"):
+        out.append(f"\nHow far the joint stage moved the backbone: perplexity of the val answers "
+                   f"{m2['val_answer_perplexity_base']:.3f} with the adapters off, "
+                   f"{m2['val_answer_perplexity_adapted']:.3f} with them on.")
+    ref = summary["methods"].get("baseline-medusa2", {}).get("agreement_with_base")
+    if ref and ref.get("turns"):
+        out.append(f"Its greedy MT-Bench answers against the base's: {ref['identical_answers']} of {ref['turns']} "
+                   f"identical token for token; {100 * ref['identical_prefix_share']:.1f}% of the base's tokens come "
+                   "before the first difference.")
+    return "\n".join(out) + "\n"
+
+
+def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None) -> str:
+    train = train or {}
+    s = summary.get("settings", {})
+    comps = standard_comparisons(summary)
+    parts = [
+        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/train_*.json"
+        " and results/calibrate/latency.json -->",
+        "# Results",
+        "",
+        f"{ours_label(summary)}: {s.get('num_questions')} MT-Bench questions, {s.get('turns')} turn(s), "
+        f"{s.get('max_new_tokens')} new tokens, {s.get('repeats')} run(s), {s.get('temperature_mode')} decoding, batch 1; "
+        "every method of a question runs back to back in one process, in an order rotated from question to question. "
+        f"Lossless: {'yes' if summary.get('lossless') else 'NO'} (every greedy answer equals its autoregressive "
+        "reference token for token).",
+        "",
+        "Intervals: 95% percentile bootstrap over questions (10,000 resamples). Speedup (Spec-Bench, the headline "
+        "figure everywhere): mean per-question tokens/s over the baseline's; mean of per-question ratios: each "
+        "question's tokens/s ratio, averaged; summed tokens / summed time: all new tokens over all seconds, over the "
+        "baseline's (long answers weigh more). All end to end (prefill included) unless marked decode-only.",
+        "",
+        "## Headline figures",
+        "",
+        headline_table(summary),
+        "## Paired comparisons",
+        "",
+        "A against B on the questions both ran: the ratio of their mean per-question values, its paired 95% bootstrap "
+        "interval, and the questions where A's value is higher. Verdict: A ahead / B ahead when the interval "
+        "excludes 1, else no clear difference.",
+        "",
+        comparisons_table(comps),
+        "## The papers' claims, on this hardware",
+        "",
+        claims_markdown(claim_rows(summary, train, latency)),
+        "## Speedup per MT-Bench category (means)",
+        "",
+        category_means_table(summary),
+    ]
+    m2 = medusa2_section(summary, train)
+    if m2:
+        parts += ["## Medusa-2: the joint stage", "", m2]
+    return "\n".join(parts)

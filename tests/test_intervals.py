@@ -1,0 +1,124 @@
+"""Bootstrap intervals, paired comparisons, and the claims and results document built on them."""
+import random
+
+import pytest
+
+from analysis.claims import claim_rows
+from analysis.comparisons import compare, standard_comparisons
+from analysis.results import results_markdown
+from models.measure.benchmark import TurnRecord, speedup, summarize_method
+from models.measure.intervals import (bootstrap_interval, bootstrap_ratio_interval, interval_of_mean,
+                                      paired_comparison, verdict)
+
+
+def test_bootstrap_of_a_two_point_distribution_gives_the_binomial_interval():
+    """50 zeros and 50 ones: a resample's mean is Binomial(100, 1/2) / 100, whose 2.5% and 97.5% quantiles are
+    0.40 and 0.60."""
+    lo, hi = bootstrap_interval([0.0] * 50 + [1.0] * 50, resamples=20_000, seed=1)
+    assert lo == pytest.approx(0.40, abs=0.011) and hi == pytest.approx(0.60, abs=0.011)
+
+
+def test_bootstrap_of_a_normal_sample_matches_the_normal_interval():
+    """400 draws of N(1, 0.5): the interval of the mean is about mean +- 1.96 sd / sqrt(n)."""
+    rng = random.Random(7)
+    values = [rng.gauss(1.0, 0.5) for _ in range(400)]
+    m = sum(values) / len(values)
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    half = 1.96 * sd / len(values) ** 0.5
+    lo, hi = bootstrap_interval(values, seed=3)
+    assert lo == pytest.approx(m - half, abs=0.1 * half) and hi == pytest.approx(m + half, abs=0.1 * half)
+
+
+def test_degenerate_inputs():
+    assert bootstrap_interval([1.3] * 10) == pytest.approx((1.3, 1.3))
+    assert bootstrap_interval([1.3]) is None and interval_of_mean([])["mean"] is None
+    assert bootstrap_ratio_interval([2, 4, 6], [1, 2, 3]) == pytest.approx((2.0, 2.0))
+    with pytest.raises(ValueError, match="level=1.5"):
+        bootstrap_interval([1, 2, 3], level=1.5)
+    with pytest.raises(ValueError, match="3 numerators but 2 denominators"):
+        bootstrap_ratio_interval([1, 2, 3], [1, 2])
+
+
+def test_paired_comparison_cancels_what_the_questions_share():
+    """B varies a lot from question to question and A is always 10% above it: the paired ratio is exactly 1.1 with
+    no spread, A wins every question, while the two unpaired intervals overlap."""
+    rng = random.Random(0)
+    b = {q: rng.uniform(0.8, 3.0) for q in range(40)}
+    a = {q: 1.1 * v for q, v in b.items()}
+    c = paired_comparison(a, b)
+    assert c["ratio"] == pytest.approx(1.1) and c["interval"] == pytest.approx([1.1, 1.1])
+    assert c["wins"] == 40 and c["losses"] == 0 and c["questions"] == 40 and verdict(c) == "A ahead"
+    lo_a, _ = bootstrap_interval(list(a.values()))
+    _, hi_b = bootstrap_interval(list(b.values()))
+    assert lo_a < hi_b
+    assert verdict(paired_comparison(b, a)) == "B ahead"
+    only_shared = paired_comparison({**a, 99: 5.0}, b)
+    assert only_shared["questions"] == 40
+
+
+def _records(method, times, tokens=100, accept=1):
+    return [TurnRecord(q, "writing" if q < 5 else "math", 1, method, 0, 0.0, tokens, t, tokens // accept,
+                       [accept] * (tokens // accept), 0.05, []) for q, t in enumerate(times)]
+
+
+def test_method_summary_carries_per_question_figures_and_intervals():
+    rng = random.Random(2)
+    base_t = [rng.uniform(2.0, 3.0) for _ in range(10)]
+    base = _records("baseline", base_t)
+    fast = _records("m", [t / rng.uniform(1.1, 1.5) for t in base_t], accept=2)
+    s = summarize_method([fast], [base])
+    iv = s["intervals"]
+    assert iv["questions"] == 10 and len(s["per_question"]) == 10
+    assert iv["speedup"]["value"] == pytest.approx(speedup(fast, base))          # the headline, Spec-Bench's
+    assert iv["speedup"]["ci"][0] < iv["speedup"]["value"] < iv["speedup"]["ci"][1]
+    assert 1.1 <= iv["mean_of_ratios"]["value"] <= 1.5
+    assert iv["pooled"]["value"] == pytest.approx(sum(base_t) / sum(r.wall_time for r in fast))   # same tokens
+    assert iv["accept_length"]["value"] == 2.0 and iv["accept_length"]["ci"] == pytest.approx([2.0, 2.0])
+
+
+def _summary():
+    """A run where Hydra is 1.2x Medusa-1 on every question, Medusa-2 0.9x of it, and the 63-node tree slower."""
+    rng = random.Random(5)
+    base = [rng.uniform(2.0, 3.0) for _ in range(16)]
+    factors = {"medusa1-optimal": 1.2, "medusa2-optimal": 1.08, "hydra-optimal": 1.44, "hydra_pp-optimal": 1.44,
+               "pld": 1.3, "medusa1-sparse64": 0.6, "medusa1-chain4": 1.1, "hydra-sparse64": 0.7}
+    accept = {"medusa1-sparse64": 2, "hydra-sparse64": 3, "medusa1-chain4": 1, "hydra-optimal": 2, "hydra_pp-optimal": 2,
+              "medusa1-optimal": 1, "medusa2-optimal": 1, "pld": 1}
+    methods = {}
+    for name, f in factors.items():
+        kind = "pld" if name == "pld" else "heads"
+        heads, _, tree = name.partition("-")
+        recs = _records(name, [t / (f * rng.uniform(0.98, 1.02)) for t in base], accept=accept[name])
+        methods[name] = {"kind": kind, "heads": heads if kind == "heads" else None, "tree": tree or None,
+                         **summarize_method([recs], [_records("baseline", base)])}
+    return {"model": "tiny", "hardware": "2-core CPU", "lossless": True, "methods": methods,
+            "settings": {"num_questions": 16, "turns": 1, "max_new_tokens": 100, "repeats": 1, "temperature_mode": "greedy"}}
+
+
+def test_claims_are_judged_by_paired_intervals():
+    summary = _summary()
+    rows = {r["claim"]: r for r in claim_rows(summary, latency={"sizes": [1, 4, 64], "forward_lm_head_s": [1, 1.1, 3.2]})}
+    assert rows["Medusa-1 speeds decoding up"]["verdict"] == "reproduced"
+    assert rows["Hydra beats Medusa in speed"]["verdict"] == "reproduced"
+    assert rows["Hydra beats Medusa in accepted length"]["verdict"] == "reproduced"
+    assert rows["Medusa-2 beats Medusa-1"]["verdict"] == "reversed"
+    assert rows["Hydra++ beats Hydra"]["verdict"] == "not reproduced"
+    assert rows["Hydra++ is 1.31x Medusa"]["verdict"] == "smaller here"     # 1.2x, clearly below 1.31
+    tree = rows["The 63-node tree beats a chain"]
+    assert tree["verdict"] == "reversed" and "3.2x a 1-token step" in tree["reason"] and "2.00x the tokens" in tree["reason"]
+    c = compare(summary, "hydra-optimal", "medusa1-optimal")
+    assert c["ratio"] == pytest.approx(1.2, abs=0.02) and c["wins"] >= 14
+
+
+def test_results_document_has_every_section():
+    summary = _summary()
+    train = {"medusa2": {"val_top1_head0_by_epoch": {"stage1": [0.30, 0.33], "stage2": [0.34]}, "recipe": {},
+                         "joint_curve": [{"positions": 5000, "step": 20, "val_top1_head0": 0.32}],
+                         "val_answer_perplexity_base": 2.0, "val_answer_perplexity_adapted": 1.9},
+             "medusa1": {"val_top1": {"head0": 0.35}}}
+    text = results_markdown(summary, train)
+    for heading in ("## Headline figures", "## Paired comparisons", "## The papers' claims", "per MT-Bench category",
+                    "## Medusa-2: the joint stage"):
+        assert heading in text
+    assert "the joint stage raised it" in text and "| 5,000 |" in text
+    assert any(r["question"].startswith("Hydra beats Medusa-1 (speed") for r in standard_comparisons(summary))
