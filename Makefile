@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-cut install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -35,6 +35,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench_verify
+
+# decoding speed with other processes on the same cores, per OpenMP setting; OVERRIDES e.g.
+# OVERRIDES="+bench.policies=[default,passive,spin10000,passive@1]"
+bench-load: $(STAMP)
+	$(BIN)/python -m pipelines.bench_load $(OVERRIDES)
 
 # per-step cut replay of trained heads on MT-Bench (after `make repro`); HEADS: which heads folders
 HEADS ?= medusa1 hydra hydra_pp

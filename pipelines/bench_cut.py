@@ -11,6 +11,7 @@ Prints the table and writes reports/bench/cut_replay_<heads>.json.
 """
 from __future__ import annotations
 
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf

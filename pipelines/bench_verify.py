@@ -14,6 +14,7 @@ Prints both tables and writes results/bench/bench_verify.json.
 """
 from __future__ import annotations
 
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import os
 import platform
 import statistics

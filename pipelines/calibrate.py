@@ -16,6 +16,7 @@ DVC runs it on the composed params.yaml with `+select.heads=<name>` (pipelines/c
 """
 from __future__ import annotations
 
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import hashlib
 import json
 import os

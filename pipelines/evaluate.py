@@ -36,6 +36,7 @@ when it changes the folder is discarded. A cut-off or foreign record file is red
 """
 from __future__ import annotations
 
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import copy
 import dataclasses
 import hashlib

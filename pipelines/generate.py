@@ -14,6 +14,7 @@ tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
 """
 from __future__ import annotations
 
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import sys
 from dataclasses import asdict
 from pathlib import Path
