@@ -414,9 +414,10 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
 
     on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are emitted (streaming).
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
                          ">= 0 (0 returns an empty answer)")
+    max_new_tokens = int(max_new_tokens)
     sampling = sampling or SamplingConfig()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
