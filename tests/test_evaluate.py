@@ -342,7 +342,10 @@ class Killed(BaseException):
 
 TIMING = {"wall_time", "prefill_time", "decode_time", "speedup", "decode_speedup", "throughput", "decode_throughput",
           "pld_speedups", "speedup_std", "decode_speedup_std", "tokens_per_s", "decode_tokens_per_s",
-          "baseline_tokens_per_s", "baseline_decode_tokens_per_s", "strongest_pld"}
+          "baseline_tokens_per_s", "baseline_decode_tokens_per_s", "strongest_pld",
+          # per-question figures and intervals: times, and what is computed from them (accepted length is not)
+          "time", "base_time", "base_decode_time", "mean_of_ratios", "pooled", "speedup_ci", "decode_speedup_ci",
+          "speedup_mean_of_ratios", "speedup_pooled", "per_category_speedup"}
 
 
 def untimed(obj):
