@@ -330,7 +330,7 @@ def test_epoch_caps_per_heads(compose_cfg):
         return effective_epochs(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
 
     cpu = {name: epochs(name, "profile=cpu") for name in ("medusa1", "medusa2", "hydra", "hydra_pp")}
-    assert cpu == {"medusa1": 3, "medusa2": 4, "hydra": 4, "hydra_pp": 6}
+    assert cpu == {"medusa1": 2, "medusa2": 3, "hydra": 2, "hydra_pp": 2}
     assert epochs("hydra_pp", "profile=paper") == 10 and epochs("medusa1", "profile=paper") == 2
     assert epochs("hydra_pp", "profile=cpu", "profile.train.max_epochs=4") == 4
     with pytest.raises(ValueError, match="needs a `default`"):
