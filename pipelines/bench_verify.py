@@ -4,7 +4,7 @@ A benchmark, not a test: on this machine, for the configured base model (SmolLM2
   1) the verify step with n tree tokens (n = 1, 4, 8, 16, 32, 64) relative to a 1-token step
      (median of repeats after a ~300-token prefix; models.measure.latency.verify_latency_profile), for the
      model as transformers loads it ("stock") and as the decoders run it (models.engine.fast_inference:
-     prepacked linears, grouped-query attention without copying the cache); issue 14's targets:
+     prepacked linears, grouped-query attention without copying the cache); the targets:
      4 tokens <= 1.20x and 8 tokens <= 1.35x of a 1-token step;
   2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
      share of the verify step (forward + LM head), per head family of `pipeline_heads` with the sparse64
