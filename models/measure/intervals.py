@@ -61,13 +61,8 @@ def bootstrap_ratio_interval(numerators: Sequence[float], denominators: Sequence
     figure such as tokens per step (accepted length) or tokens per second over all questions."""
     if len(numerators) != len(denominators):
         raise ValueError(f"{len(numerators)} numerators but {len(denominators)} denominators: one pair per question")
-    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
-    if len(num) < 2:
-        return None
-    idx = _indices(len(num), resamples, seed)
-    sums_den = den[idx].sum(axis=1)
-    keep = sums_den != 0
-    return _percentiles(num[idx].sum(axis=1)[keep] / sums_den[keep], level)
+    return bootstrap_columns({"num": numerators, "den": denominators},
+                             lambda c: c["num"].sum(-1) / c["den"].sum(-1), resamples, level, seed)
 
 
 def bootstrap_columns(columns: dict[str, Sequence[float]], statistic: Callable[[dict[str, np.ndarray]], np.ndarray],
