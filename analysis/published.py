@@ -1,4 +1,4 @@
-"""Published numbers (shared/REFERENCE.md section 5) as data, each cell with its model, hardware and source.
+"""Published numbers (docs/reference.md#published-numbers) as data, each cell with its model, hardware and source.
 
     from analysis.published import PUBLISHED, published_cells
     published_cells(table="hydra", model="Vicuna-7B")   # -> [PublishedCell(...), ...]
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 MEDUSA_SOURCE = "Medusa paper/repo (Cai et al., ICML 2024)"
 HYDRA_SOURCE = "Hydra paper (Ankner et al., COLM 2024)"
 SPECBENCH_SOURCE = "Spec-Bench (Xia et al.)"
-# REFERENCE.md names the A100 for Medusa and Spec-Bench; for the Hydra table it names no device.
+# The sources name the A100 for Medusa and Spec-Bench; the Hydra paper names no device for its table.
 A100, HYDRA_HW = "A100", "GPU"
 
 

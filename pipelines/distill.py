@@ -1,7 +1,7 @@
 """python -m pipelines.distill [profile=smoke] [model=tiny_random] [profile.distill.relabel_positions=0]
 
 Training data for the heads, in the base model's own words, from two sources (`source` column):
-  - self (self-distillation, REFERENCE.md section 2): the user turns of prepared conversations are
+  - self (self-distillation, docs/reference.md#training-recipes): the user turns of prepared conversations are
     replayed through the base model with its chat template and the model's own answers replace the
     assistant turns (a later user turn sees the model's earlier answers). Train and val rows.
   - relabel: more prepared TRAIN conversations run teacher-forced through the base model (no

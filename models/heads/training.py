@@ -1,4 +1,4 @@
-"""Training draft heads with Lightning: one module per family and their losses (REFERENCE.md section 2).
+"""Training draft heads with Lightning: one module per family and their losses (docs/reference.md#training-recipes).
 
     module = HydraModule(heads, base_model, Recipe(kind="hydra", lr=1e-3))
     trainer, best = fit_resumable(module, train_loader, val_loader, "results/checkpoints/hydra", fingerprint,

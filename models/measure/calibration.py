@@ -40,7 +40,7 @@ ignores that, e.g., a rank-3 parent predicts a harder position than a rank-0 par
 tree; `replay_accept_length` also samples positions as decoding does (jumping by the accepted
 length), which is what the evaluation measures.
 
-Greedy tree (REFERENCE.md section 3): start from (0,), repeatedly add the frontier node (next sibling
+Greedy tree (docs/reference.md#trees-and-verification): start from (0,), repeatedly add the frontier node (next sibling
 of a node in the tree, or first child of a node in the tree, within D depths and K ranks) with the
 highest product of accuracies along its path. When every acc[d] is non-increasing in r, each
 frontier node scores at most its parent and its previous sibling, so nodes enter in non-increasing
