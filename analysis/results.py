@@ -1,12 +1,14 @@
 """The results document (reports/results.md): headline figures with intervals, the paired comparisons, the papers'
 claims judged by them, the per-category means and what the joint stage of Medusa-2 did, all from the run's files.
 
-    text = results_markdown(summary, train={"medusa1": {...}, "medusa2": {...}}, latency={...})
+    text = results_markdown(summary, train={"medusa1": {...}, "medusa2": {...}}, latency={...},
+                            run={"prepare": {...}, "distill": {...}, "train_medusa1": {...}, ...})
 """
 from __future__ import annotations
 
 from analysis.claims import claim_rows, claims_markdown
 from analysis.comparisons import describe, fmt_interval, standard_comparisons
+from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
 
 
@@ -86,14 +88,19 @@ def medusa2_section(summary: dict, train: dict[str, dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None) -> str:
+def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
+                     run: dict[str, dict] | None = None) -> str:
+    """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section."""
     train = train or {}
     s = summary.get("settings", {})
     comps = standard_comparisons(summary)
     parts = [
-        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/train_*.json"
+        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/{prepare,distill,train_*}.json"
         " and results/calibrate/latency.json -->",
         "# Results",
+        "",
+        *(["## The run", "", run_markdown(summary, run)] if run else []),
+        "## How the figures are made",
         "",
         f"{ours_label(summary)}: {s.get('num_questions')} MT-Bench questions, {s.get('turns')} turn(s), "
         f"{s.get('max_new_tokens')} new tokens, {s.get('repeats')} run(s), {s.get('temperature_mode')} decoding, batch 1; "

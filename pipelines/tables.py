@@ -1,6 +1,6 @@
 """python -m pipelines.tables [eval.table_tag=all]
 
-The papers' tables with ours beside the published numbers (shared/REFERENCE.md section 5), from the
+The papers' tables with ours beside the published numbers (docs/reference.md#published-numbers), from the
 evaluate summary results/eval/<eval.table_tag>/summary.json (and results/calibrate/*/calibration.json
 when present). Writes to reports/:
 
@@ -69,6 +69,12 @@ def load_train_metrics(folder: Path) -> dict[str, dict]:
     return {p.stem[len("train_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("train_*.json"))}
 
 
+def load_stage_metrics(folder: Path) -> dict[str, dict]:
+    """{stem: reports/metrics/<stem>.json} for prepare, distill and every train stage (dvc.yaml lists them)."""
+    paths = [folder / "prepare.json", folder / "distill.json", *sorted(folder.glob("train_*.json"))]
+    return {p.stem: json.loads(p.read_text()) for p in paths if p.is_file()}
+
+
 def load_latency(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -98,7 +104,8 @@ def make_reports(cfg: DictConfig) -> list[Path]:
              plots.plot_speedup_intervals(summary, reports / "speedup_intervals.png"),
              plots.plot_comparisons(standard_comparisons(summary), reports / "comparisons.png")]
     train = load_train_metrics(reports / "metrics")
-    (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json")))
+    (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json"),
+                                                         run=load_stage_metrics(reports / "metrics")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

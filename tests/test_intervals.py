@@ -122,3 +122,24 @@ def test_results_document_has_every_section():
         assert heading in text
     assert "the joint stage raised it" in text and "| 5,000 |" in text
     assert any(r["question"].startswith("Hydra beats Medusa-1 (speed") for r in standard_comparisons(summary))
+
+
+def test_results_document_opens_with_the_run_from_the_stage_metrics():
+    summary = _summary()
+    run = {"prepare": {"records_read": 1000, "kept": 900, "train": 850, "val": 50, "wall_time_s": 61.0},
+           "distill": {"train": {"answer_positions": 5000, "conversations": 40, "self": {"answer_positions": 4000},
+                                 "relabel": {"answer_positions": 1000}}, "wall_time_s": 600.0},
+           "train_hydra": {"val_top1": {"head0": 0.43, "head1": 0.39}, "epochs": 2, "best_epoch": {"fit": 2},
+                           "train_positions_per_s": {"fit": 1067.1}, "wall_time_s": 351.7},
+           "train_medusa2": {"val_top1": {"head0": 0.30, "head1": 0.19}, "epochs": 3,
+                             "best_epoch": {"stage1": 2, "stage2": 1}, "steps": {"stage1": 1404, "stage2": 58},
+                             "train_positions_per_s": {"stage1": 1686.6, "stage2": 72.9}, "wall_time_s": 546.8}}
+    text = results_markdown(summary, {}, run=run)
+    assert text.index("## The run") < text.index("## Headline figures")
+    assert "1,000 records read, 900 conversations kept (850 train, 50 val)" in text
+    assert "5,000 answer positions (self 4,000, relabel 1,000) in 40 conversations" in text
+    # the papers' order (Medusa-2 before Hydra), whatever order the files came in
+    assert text.index("| Medusa-2 | 0.300 | 0.190 | 3 (1,404 heads-only steps, 58 joint)") < text.index("| Hydra | 0.430")
+    assert "| prepare | 1 min 01 s |" in text and "| distill | 10 min 00 s |" in text
+    assert "| train@hydra | 5 min 52 s |" in text
+    assert "## The run" not in results_markdown(summary, {})
