@@ -1,0 +1,70 @@
+"""python -m analysis.readme
+
+The README's headline table, made from the committed reports/metrics/evaluate.json: the block between the two
+markers below is rewritten, nothing else. tests/test_readme.py fails when the README and the metrics disagree.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- headline: written by `python -m analysis.readme` -->", "<!-- /headline -->"
+FAMILIES = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++"}
+TREES = {"optimal": "calibrated tree", "optimal_pld": "calibrated tree + prompt lookup"}
+LOOKUPS = {"pld": "prompt lookup (this decoder)", "pld_hf": "prompt lookup (transformers)"}
+
+
+def _cell(value: float | None, ci: list | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{unit}" + (f" ({ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
+
+
+def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
+    methods = metrics.get("methods", {})
+    rows = [(label, methods[name]) for name, label in LOOKUPS.items() if name in methods]
+    for family, flabel in FAMILIES.items():
+        for tree, tlabel in TREES.items():
+            name = f"{family}-{tree}"
+            if name in methods:
+                rows.append((f"{flabel}, {tlabel}", methods[name]))
+    return rows
+
+
+def headline_block(metrics: dict) -> str:
+    lines = [START, "",
+             f"{metrics.get('num_questions')} MT-Bench questions, {metrics.get('max_new_tokens')} new tokens, greedy, "
+             f"batch 1; the baseline decoded {metrics.get('baseline_tokens_per_s', 0):.1f} tokens/s. Speedup: mean "
+             "per-question tokens/s over the baseline's (Spec-Bench), with its 95% bootstrap interval over questions. "
+             f"Lossless: {'every' if metrics.get('lossless') else 'NOT every'} one of "
+             f"{metrics.get('lossless_checked_turns')} greedy answers equals the baseline's token for token.", "",
+             "| method | questions | speedup (95% interval) | accepted tokens a step (95% interval) |",
+             "|---|---|---|---|"]
+    for label, m in headline_rows(metrics):
+        lines.append(f"| {label} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
+                     f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |")
+    return "\n".join(lines + ["", END])
+
+
+def refresh(readme: str, metrics: dict) -> str:
+    """readme with its headline block replaced; a README without the markers is an error, not a silent no-op."""
+    if START not in readme or END not in readme:
+        raise ValueError(f"README has no headline block: expected a line {START!r} and a line {END!r}")
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return head + headline_block(metrics) + tail
+
+
+def main(argv: list[str]) -> None:
+    readme = REPO_ROOT / "README.md"
+    metrics = json.loads((REPO_ROOT / "reports" / "metrics" / "evaluate.json").read_text())
+    text = refresh(readme.read_text(), metrics)
+    if text != readme.read_text():
+        readme.write_text(text)
+        print("README.md: headline table rewritten from reports/metrics/evaluate.json")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
