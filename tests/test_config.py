@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from pipelines.params import compose_params
+from pipelines.params import compose_params, params_text, recorded_overrides
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF = REPO_ROOT / "conf"
@@ -60,9 +61,22 @@ def test_unknown_option_on_a_stage_command_line():
 
 
 def test_params_yaml_is_the_composition_of_conf(monkeypatch):
+    """The committed params.yaml is conf/ composed with the overrides its first line records (none: conf/ alone)."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert (REPO_ROOT / "params.yaml").read_text() == compose_params([]), (
-        "params.yaml is stale: run `python -m pipelines.params` after changing conf/")
+    text = (REPO_ROOT / "params.yaml").read_text()
+    overrides = recorded_overrides(text)
+    assert text == params_text(overrides), (
+        f"params.yaml is stale: run `python -m pipelines.params {' '.join(overrides)}` after changing conf/")
+
+
+def test_params_record_their_overrides(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    text = params_text(["profile.eval.num_questions=16", "seed=7"])
+    assert recorded_overrides(text) == ["profile.eval.num_questions=16", "seed=7"]
+    body = yaml.safe_load(text)                       # the record is a comment: the params are unchanged
+    assert body["seed"] == 7 and body["profile"]["eval"]["num_questions"] == 16
+    assert text.split("\n", 1)[1] == compose_params(["profile.eval.num_questions=16", "seed=7"])
+    assert params_text([]) == compose_params([]) and recorded_overrides(compose_params([])) == []
 
 
 def test_profile_prepare_keys():
