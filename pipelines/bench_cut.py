@@ -17,8 +17,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from models.engine.acceptance import SamplingConfig
-from models.engine.decoding import TreeDrafter, generate
+from models.engine.decoding import generate
+from models.engine.drafters import TreeDrafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
 from models.measure.benchmark import chat_input_ids, load_questions
@@ -51,8 +51,8 @@ def main(cfg: DictConfig) -> None:
     steps = []
     for q in tqdm(questions, desc=f"{name} on {tree_name} ({tree.num_nodes} nodes)", unit="question"):
         ids = chat_input_ids(tok, [q.turns[0]], [])
-        rec = RecordingDrafter(TreeDrafter(heads, tree, SamplingConfig()), group=q.question_id)
-        res = generate(model, tok, ids, drafter=rec, max_new_tokens=max_new, stop_token_ids=stops)
+        rec = RecordingDrafter(TreeDrafter(heads, tree, want_probs=True), group=q.question_id)
+        res = generate(model, tok, ids, rec, max_new_tokens=max_new, stop_token_ids=stops)
         ref = generate(model, tok, ids, max_new_tokens=max_new, stop_token_ids=stops)
         if res.new_tokens != ref.new_tokens:
             raise RuntimeError(f"question {q.question_id}: the recorded greedy answer differs from the baseline's")

@@ -128,12 +128,10 @@ def timed_decode(model, ids, method: dict, new_tokens: int, max_seconds: float) 
         if marks[-1][0] - marks[0][0] > max_seconds:
             raise TimeUp
 
-    lookup = method["make_lookup"]() if method.get("make_lookup") else None
+    drafter = method["make_drafter"]() if method.get("make_drafter") else None      # fresh: drafters keep state
     t0 = time.perf_counter()
     try:
-        res = generate(model, None, ids, heads=method.get("heads"), tree=method.get("tree"),
-                       max_new_tokens=new_tokens, stop_token_ids=[], on_tokens=on_tokens,
-                       step_cost=method.get("step_cost"), lookup=lookup)
+        res = generate(model, None, ids, drafter, max_new_tokens=new_tokens, stop_token_ids=[], on_tokens=on_tokens)
     except TimeUp:
         res = None
     steps = len(marks) - 1
@@ -164,12 +162,13 @@ def stand_in_tree(tree_cfg: dict) -> dict:
 
 
 def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
-    """{"name", "heads", "tree", "step_cost", "make_lookup", "random_heads"} per spec, models prepared for decoding."""
+    """{"name", "model", "make_drafter", "random_heads", "tree_nodes"} per spec, models prepared for decoding."""
     import torch
 
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
     from models.heads import ADAPTER_DIR, HeadsConfig, build_heads, load_heads
-    from pipelines.evaluate import prompt_lookup_drafter, resolve_tree, tree_config
+    from models.engine.drafters import make_drafter
+    from pipelines.evaluate import pld_settings, resolve_tree, tree_config
 
     prepare_for_decoding(model)
     methods = []
@@ -202,8 +201,11 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
         prepare_heads_for_decoding(heads)
         tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, tree_name, name)), tree_name)
         tree.check_heads(heads.config.num_heads)
-        methods.append({"name": f"{name}/{tree_name}", "model": base, "heads": heads, "tree": tree,
-                        "step_cost": step_cost, "make_lookup": (lambda: prompt_lookup_drafter(cfg)) if lookup else None,
+        spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
+        if lookup:
+            spec = {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)}
+        methods.append({"name": f"{name}/{tree_name}", "model": base,
+                        "make_drafter": lambda spec=spec, heads=heads: make_drafter(spec, heads=heads),
                         "random_heads": random_heads, "tree_nodes": tree.num_nodes})
     return methods
 

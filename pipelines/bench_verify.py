@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
+from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
@@ -55,8 +56,9 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
                                       draft_vocab_size=None if draft_ids is None else len(draft_ids))
         heads = build_heads(config, model, draft_ids).eval()
         prepare_heads_for_decoding(heads)                               # as the decoders run them
-        generate(model, None, prompt[:32], heads=heads, tree=tree, max_new_tokens=4, stop_token_ids=[])   # warm up
-        res = generate(model, None, prompt, heads=heads, tree=tree, sampling=SamplingConfig(),
+        drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
+        generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[])   # warm up
+        res = generate(model, None, prompt, drafter, sampling=SamplingConfig(),
                        max_new_tokens=settings["new_tokens"], stop_token_ids=[])
         per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
         overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
@@ -72,7 +74,8 @@ def op_profile(model, n: int, prefix_len: int, steps: int = 5) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from models.engine.acceptance import SamplingConfig
-    from models.engine.decoding import FixedDrafter, prefill, time_step
+    from models.engine.decoding import prefill, time_step
+    from models.engine.drafters import FixedDrafter
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g)

@@ -4,7 +4,7 @@ MT-Bench speed evaluation at batch size 1, every method in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
   <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree; a tree with
                            `lookup: true` (optimal_pld, dynamic_pld) merges prompt lookup's chain into it
-  pld                      prompt lookup decoding in our decoder (models/engine/prompt_lookup.py): the same
+  pld                      prompt lookup decoding in our decoder (models/engine/drafters/prompt_lookup.py): the same
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
                            (eval.prompt_lookup.pld_hf); a method beats prompt lookup if it beats both
@@ -60,7 +60,7 @@ from models.measure.benchmark import (TurnRecord, category_temperature, chat_inp
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
-from models.engine.prompt_lookup import PromptLookupDrafter
+from models.engine.drafters import StepDrafter, make_drafter
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, atomic_file, file_sha256, load_model, log, mlflow_run, stage, write_json
 from pipelines.deps import code_digest
@@ -142,11 +142,23 @@ def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list
                                tree.num_nodes + 1 + extra_tokens)
 
 
-def prompt_lookup_drafter(cfg: DictConfig) -> PromptLookupDrafter:
-    """Our prompt lookup with eval.prompt_lookup.pld's settings: method `pld`, and the branch of a lookup tree."""
+def pld_settings(cfg: DictConfig) -> dict:
+    """Our prompt lookup's settings (eval.prompt_lookup.pld): method `pld`, and the branch of a lookup tree."""
     pld = cfg.eval.prompt_lookup.pld
-    return PromptLookupDrafter(int(pld.num_tokens), int(pld.max_ngram), int(pld.min_ngram),
-                               None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram))
+    return {"num_tokens": int(pld.num_tokens), "max_ngram": int(pld.max_ngram), "min_ngram": int(pld.min_ngram),
+            "tokens_per_ngram": None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram)}
+
+
+def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
+    """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
+    if method.kind == "pld":
+        return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
+    if method.kind != "heads":
+        return None
+    if method.lookup:
+        return make_drafter({"kind": "heads_lookup", "tree": method.tree, "lookup": pld_settings(cfg),
+                             "step_cost": method.step_cost}, heads=method.heads)
+    return make_drafter({"kind": "heads", "tree": method.tree, "step_cost": method.step_cost}, heads=method.heads)
 
 
 def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
@@ -229,11 +241,8 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
         return prompt_lookup_generate(method.model, input_ids, max_new, num_tokens=int(hf.num_tokens),
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    lookup = prompt_lookup_drafter(cfg) if method.kind == "pld" or method.lookup else None
-    return generate(method.model, tokenizer, input_ids, heads=method.heads, tree=method.tree,
-                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
-                    drafter=lookup if method.kind == "pld" else None, step_cost=method.step_cost,
-                    lookup=lookup if method.lookup else None)
+    return generate(method.model, tokenizer, input_ids, drafter_for(method, cfg),
+                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

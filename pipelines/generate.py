@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
-from pipelines.evaluate import prompt_lookup_drafter, resolve_tree
+from models.engine.drafters import make_drafter
+from pipelines.evaluate import pld_settings, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
 GREEN, RESET = "\033[32m", "\033[0m"
@@ -109,10 +110,12 @@ def main(cfg: DictConfig) -> None:
     prepare_for_decoding(model)                       # after a LoRA merge: CPU fast paths on the final weights
     if heads is not None:
         prepare_heads_for_decoding(heads)
-    tree, step_cost, lookup = None, None, None
+    tree, drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
         tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
-        lookup = prompt_lookup_drafter(cfg) if with_lookup else None
+        spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
+        drafter = make_drafter({**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if with_lookup else spec,
+                               heads=heads)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
@@ -124,8 +127,8 @@ def main(cfg: DictConfig) -> None:
         import mlflow
 
         streamer = Streamer(tok)
-        res = generate(model, tok, ids, heads=heads, tree=tree, sampling=sampling,
-                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer, step_cost=step_cost, lookup=lookup)
+        res = generate(model, tok, ids, drafter, sampling=sampling, max_new_tokens=int(cfg.max_new_tokens),
+                       on_tokens=streamer)
         streamer.finish()
         print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
               f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "

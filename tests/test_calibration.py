@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.measure.latency import interpolate_cost
 from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
@@ -293,8 +294,7 @@ def test_replayed_steps_match_the_decoder(family, lr):
     assert 0.1 < acc[0, 0] < 0.95
     paths = greedy_tree(acc, 12)
     for p, s, R in zip(prompts, seqs, ranks):
-        res = generate(model, tok, p, heads=heads, tree=TreeSpec("t", tuple(paths), 10), max_new_tokens=N,
-                       stop_token_ids=[])
+        res = generate(model, tok, p, heads_drafter(heads, TreeSpec("t", tuple(paths), 10)), max_new_tokens=N, stop_token_ids=[])
         assert res.new_tokens == s[len(p):]
         replayed = replay_steps(R, paths)
         k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)

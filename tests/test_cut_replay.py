@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models.base import build_tiny_model
-from models.engine.acceptance import SamplingConfig
-from models.engine.decoding import TreeDrafter, generate
+from models.engine.decoding import generate
+from models.engine.drafters import TreeDrafter
 from models.engine.trees import tree_from_config
 from models.measure.cut_replay import (CutStep, RecordingDrafter, accepted_nodes, most_accepted, probability_map,
                                        replay, replay_policies)
@@ -83,8 +83,8 @@ def test_recording_drafter_records_what_the_decoder_accepted():
     seq = ids + base.new_tokens
     heads = OracleHeads(model, seq, "hydra", num_heads=2, ranks=(0, None))
     tree = tree_from_config({"kind": "paths", "topk": 2, "paths": [[0], [1], [0, 0], [1, 0]]})
-    rec = RecordingDrafter(TreeDrafter(heads, tree, SamplingConfig()), group=5)
-    res = generate(model, tok, ids, drafter=rec, max_new_tokens=30, stop_token_ids=[])
+    rec = RecordingDrafter(TreeDrafter(heads, tree, want_probs=True), group=5)
+    res = generate(model, tok, ids, rec, max_new_tokens=30, stop_token_ids=[])
     assert res.new_tokens == base.new_tokens
     full = res.accept_lengths
     assert len(rec.steps) >= len(full) - 2 and rec.steps            # steps cut by the token limit are left out
@@ -93,4 +93,4 @@ def test_recording_drafter_records_what_the_decoder_accepted():
         assert s.accepted.tolist() == [True, True, False, False, False]
         assert s.probs[0] == 1.0 and 0 < s.probs[1] <= 1 and (s.probs[3:] <= s.probs[1:3]).all()
     with pytest.raises(ValueError, match="without step_cost"):
-        RecordingDrafter(TreeDrafter(heads, tree, SamplingConfig(), step_cost=[1.0, 1.0, 1.1, 1.2, 1.3]))
+        RecordingDrafter(TreeDrafter(heads, tree, step_cost=[1.0, 1.0, 1.1, 1.2, 1.3]))

@@ -5,7 +5,7 @@ continuation (everything accepted; or the right token at rank 1-2, or wrong from
 lengths are then known exactly), each checking that the hidden states it reads are the baseline's own
 (no drift in the pruned cache); tiny llama / mistral / qwen2 models; chain4, dense
 and sparse64 trees; stop rules inside an accepted run; the context limit; the KV pruning.
-Prompt lookup (models/engine/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
+Prompt lookup (models/engine/drafters/prompt_lookup.py): the n-gram index against a brute-force lookup, greedy
 equality through the same decode step, its stop rules, lossless sampling with deterministic drafts.
 """
 import pytest
@@ -16,10 +16,10 @@ from transformers import DynamicCache
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
-from models.engine.drafting import Drafter
 from models.heads import HeadsConfig, build_heads
 from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
-from models.engine.prompt_lookup import NgramIndex, PromptLookupDrafter
+from models.engine.drafters import (DraftContext, HeadsDrafter, NgramIndex, PromptLookupDrafter, TreeDrafter,
+                                    cut_by_cost, heads_drafter)
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
@@ -144,7 +144,7 @@ def test_greedy_random_heads_equal_baseline(tiny, family):
     assert len(base.new_tokens) == 40 and base.accept_lengths == [1] * 39
     heads = random_heads(model, family)
     for name, tree in TREES.items():
-        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, f"{family} / {name} differs from the baseline"
         assert len(res.new_tokens) == 1 + sum(res.accept_lengths) and res.steps == len(res.accept_lengths)
         assert res.text == base.text
@@ -158,7 +158,7 @@ def test_greedy_oracle_heads_equal_baseline(tiny, family):
     heads = OracleHeads(model, ids + base.new_tokens, family)
     for name, tree in TREES.items():
         calls = heads.calls
-        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, f"oracle {family} / {name} differs from the baseline"
         assert res.accept_lengths == oracle_accept_lengths(tree.depth, 40), f"{name}: {res.accept_lengths}"
         assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps   # drafts = all but prefill + bonuses
@@ -188,7 +188,7 @@ def check_oracle_variants(tiny, family, variants):
     for ranks, depths in variants.items():
         heads = OracleHeads(model, ids + base.new_tokens, family, ranks=ranks)
         for name, tree in TREES.items():
-            res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+            res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[])
             assert res.new_tokens == base.new_tokens, f"oracle {ranks} {family} / {name} differs from the baseline"
             assert res.accept_lengths == oracle_accept_lengths(depths[name], 40), \
                 f"oracle {ranks} / {name}: accepted {res.accept_lengths}, want {depths[name]} drafts per step"
@@ -218,7 +218,7 @@ def test_stop_token_inside_accepted_run(tiny):
     assert ref.new_tokens == seq[: seq.index(stop) + 1] and ref.stop_reason == "eos"
     heads = OracleHeads(model, ids + seq, "hydra")
     for tree in TREES.values():
-        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[stop])
+        res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[stop])
         assert res.new_tokens == ref.new_tokens and res.stop_reason == "eos"
         assert res.from_draft[-1], "the stop token should have been an accepted draft"
 
@@ -227,7 +227,7 @@ def test_max_new_tokens_inside_accepted_run(tiny):
     model, tok, ids, base = tiny
     heads = OracleHeads(model, ids + base.new_tokens, "medusa")
     for n in (1, 2, 7, 13):
-        res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=n, stop_token_ids=[])
+        res = generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), max_new_tokens=n, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens[:n] and res.stop_reason == "max_new_tokens"
 
 
@@ -239,7 +239,7 @@ def test_default_stop_is_tokenizer_eos():
     res = generate(model, tok, ids, max_new_tokens=40)
     assert res.new_tokens == free[: free.index(tok.eos_token_id) + 1] and res.stop_reason == "eos"
     heads = OracleHeads(model, ids + free, "hydra_pp")
-    assert generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=40).new_tokens == res.new_tokens
+    assert generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), max_new_tokens=40).new_tokens == res.new_tokens
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -251,7 +251,7 @@ def test_prompt_near_context_limit(arch):
     assert base.stop_reason == "context_limit" and len(base.new_tokens) == 64 - len(ids) + 1
     heads = OracleHeads(model, ids + base.new_tokens, "medusa")
     for tree in TREES.values():
-        res = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens and res.stop_reason == "context_limit"
     with pytest.raises(ValueError, match="context is 64"):
         generate(model, tok, list(range(3, 70)), max_new_tokens=4)
@@ -261,7 +261,7 @@ def test_tree_deeper_than_heads_fails_at_decode_time():
     model, tok = build_tiny_model(arch="llama", seed=3)
     heads = build_heads(HeadsConfig.for_base(model, "medusa", num_heads=2), model)
     with pytest.raises(ValueError, match=r"node \[0, 0, 0\] has depth 3"):
-        generate(model, tok, [5, 6, 7], heads=heads, tree=TREES["chain4"], max_new_tokens=4)
+        generate(model, tok, [5, 6, 7], heads_drafter(heads, TREES["chain4"]), max_new_tokens=4)
 
 
 @pytest.mark.parametrize("make_cache", [new_cache, DynamicCache])
@@ -297,8 +297,8 @@ def test_hydra_pp_prefix_state_is_incremental():
     heads = random_heads(model, "hydra_pp", seed=1)
     hidden = torch.randn(20, model.config.hidden_size)
     with torch.inference_mode():
-        drafter = Drafter(heads, SamplingConfig())
-        drafter.start(hidden[:9])
+        drafter = HeadsDrafter(heads)
+        drafter.start(hidden[:9], SamplingConfig())
         drafter.advance(hidden[9:10], 9)
         drafter.advance(hidden[10:20], 10)
         full = heads.prefix_forward(hidden[None], torch.arange(20)[None])[0, -1]
@@ -313,8 +313,7 @@ def test_typical_acceptance_runs_and_accepts_oracle():
     base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
     heads = OracleHeads(model, ids + base.new_tokens, "medusa")
     typical = SamplingConfig(temperature=0.01, acceptance="typical", seed=0)   # T -> 0: typical = greedy
-    res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], sampling=typical, max_new_tokens=24,
-                   stop_token_ids=[])
+    res = generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), sampling=typical, max_new_tokens=24, stop_token_ids=[])
     assert res.new_tokens == base.new_tokens and res.mean_accepted_length > 3
 
 
@@ -327,7 +326,7 @@ def test_smollm2_random_heads_equal_baseline(smollm_dir):  # smollm_dir builds t
     base = generate(model, tok, ids, max_new_tokens=64)
     for family in FAMILIES:
         heads = build_heads(HeadsConfig.for_base(model, family, 4, share_lm_head=True), model).eval()
-        res = generate(model, tok, ids, heads=heads, tree=TREES["sparse64"], max_new_tokens=64)
+        res = generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), max_new_tokens=64)
         assert res.new_tokens == base.new_tokens, family
 
 
@@ -418,8 +417,9 @@ def test_prompt_lookup_drafter_chain_lengths():
     """The chain: up to num_tokens, tokens_per_ngram * n for an n-gram match, max_depth; none without a match."""
     def chain(prompt, root, max_depth=10, **settings):
         drafter = PromptLookupDrafter(**settings)
-        drafter.start(torch.tensor(prompt), torch.zeros(len(prompt), 4))
-        buf, tokens, draft_q = drafter.draft(root, max_depth)
+        drafter.start(DraftContext(torch.tensor(prompt), torch.zeros(len(prompt), 4), SamplingConfig()))
+        draft = drafter.draft(root, max_depth)
+        buf, tokens, draft_q = draft.buf, draft.tokens, draft.draft_q
         assert draft_q is None and buf.num_tokens == tokens.numel() and int(tokens[0]) == root
         assert buf.spec.paths == tuple((0,) * d for d in range(1, buf.num_tokens))     # a chain below the root
         return tokens[1:].tolist()
@@ -434,7 +434,7 @@ def test_prompt_lookup_drafter_chain_lengths():
     assert chain([5, 7, 8, 9, 6], 42) == []                                            # no match: a plain step
 
     drafter = PromptLookupDrafter(num_tokens=3, max_ngram=2)             # the accepted path joins the context
-    drafter.start(torch.tensor([1, 2, 3]), torch.zeros(3, 4))
+    drafter.start(DraftContext(torch.tensor([1, 2, 3]), torch.zeros(3, 4), SamplingConfig()))
     drafter.draft(9, 3)
     drafter.advance(torch.zeros(2, 4), [9, 8], position=3)
     assert drafter.index.tokens == [1, 2, 3, 9, 8]
@@ -467,7 +467,7 @@ def test_prompt_lookup_greedy_equals_baseline(arch):
         base = generate(model, tok, ids, max_new_tokens=100, stop_token_ids=[])
         for drafter in (PromptLookupDrafter(num_tokens=4, max_ngram=3), PromptLookupDrafter(num_tokens=10, max_ngram=1),
                         PromptLookupDrafter(num_tokens=8, max_ngram=3, tokens_per_ngram=3)):
-            res = generate(model, tok, ids, drafter=drafter, max_new_tokens=100, stop_token_ids=[])
+            res = generate(model, tok, ids, drafter, max_new_tokens=100, stop_token_ids=[])
             assert res.new_tokens == base.new_tokens and res.text == base.text
             assert len(res.new_tokens) == 1 + sum(res.accept_lengths) and res.steps == len(res.accept_lengths)
             assert sum(res.from_draft) == len(res.new_tokens) - 1 - res.steps     # drafts = all but prefill + bonuses
@@ -482,18 +482,18 @@ def test_prompt_lookup_stop_rules():
     model, tok = build_tiny_model(arch="llama", seed=3)
     ids = cyclic_prompt(model, tok, known=4)
     base = generate(model, tok, ids, max_new_tokens=60, stop_token_ids=[])
-    free = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[])
+    free = generate(model, tok, ids, PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[])
     seq = free.new_tokens
     # a token first emitted as an accepted draft (copied from the prompt): a stop token inside an accepted run
     first_drafted = [i for i, t in enumerate(seq) if free.from_draft[i] and t not in seq[:i]]
     assert first_drafted, "this setup no longer drafts a new token from the prompt"
     stop = seq[first_drafted[0]]
     ref = generate(model, tok, ids, max_new_tokens=60, stop_token_ids=[stop])
-    res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[stop])
+    res = generate(model, tok, ids, PromptLookupDrafter(4, 3), max_new_tokens=60, stop_token_ids=[stop])
     assert res.new_tokens == ref.new_tokens == seq[:first_drafted[0] + 1] and res.stop_reason == "eos"
     assert res.from_draft[-1]
     for n in (1, 2, 7, 13):                                        # the token limit cuts the chains
-        res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=n, stop_token_ids=[])
+        res = generate(model, tok, ids, PromptLookupDrafter(4, 3), max_new_tokens=n, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens[:n] and res.stop_reason == "max_new_tokens"
 
 
@@ -501,7 +501,7 @@ def test_prompt_lookup_near_context_limit():
     model, tok = build_tiny_model(arch="qwen2", max_position_embeddings=64, seed=5)
     ids = prompt_ids(tok, "x" * 38)                                # 59 tokens: room for 5 positions
     base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
-    res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=40, stop_token_ids=[])
+    res = generate(model, tok, ids, PromptLookupDrafter(4, 3), max_new_tokens=40, stop_token_ids=[])
     assert res.new_tokens == base.new_tokens and res.stop_reason == base.stop_reason == "context_limit"
 
 
@@ -523,8 +523,7 @@ def test_prompt_lookup_sampling_is_lossless():
     counts, drafted = Counter(), 0
     for seed in range(n):
         sampling = SamplingConfig(temperature=T, top_k=K, acceptance="sampling", seed=seed)
-        res = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), sampling=sampling, max_new_tokens=3,
-                       stop_token_ids=[])
+        res = generate(model, tok, ids, PromptLookupDrafter(4, 3), sampling=sampling, max_new_tokens=3, stop_token_ids=[])
         counts[tuple(res.new_tokens)] += 1
         drafted += sum(res.from_draft)
     assert drafted > 0.3 * n
@@ -538,7 +537,7 @@ def test_decode_step_drives_a_loop_by_hand():
     """prefill + decode_step: the same tokens and cache length as generate (the loop other callers time)."""
     model, tok = build_tiny_model(arch="llama", seed=3)
     ids = cyclic_prompt(model, tok)
-    want = generate(model, tok, ids, drafter=PromptLookupDrafter(4, 3), max_new_tokens=30, stop_token_ids=[])
+    want = generate(model, tok, ids, PromptLookupDrafter(4, 3), max_new_tokens=30, stop_token_ids=[])
     drafter = PromptLookupDrafter(4, 3)
     with torch.inference_mode():
         state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
@@ -558,16 +557,16 @@ def test_decode_step_drives_a_loop_by_hand():
 def test_time_step_rewinds_state_and_drafter(family):
     """time_step (calibration's and the latency profile's timer) takes real steps and rewinds them: decoding
     after it emits what it would have emitted without it, and each repeat took the same step."""
-    from models.engine.decoding import TreeDrafter, time_step
+    from models.engine.decoding import time_step
     from models.engine.trees import tree_from_config
 
     model, tok = build_tiny_model(arch="llama", seed=3)
     ids = cyclic_prompt(model, tok)
     heads = build_heads(HeadsConfig.for_base(model, family, 3, 1), model).eval()
     tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 0, 0]]})
-    want = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=12, stop_token_ids=[])
+    want = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=12, stop_token_ids=[])
     with torch.inference_mode():
-        drafter = TreeDrafter(heads, tree, SamplingConfig())
+        drafter = TreeDrafter(heads, tree)
         state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
         got = [state.root]
         tokens, _ = decode_step(state, drafter, max_depth=3)
@@ -586,7 +585,6 @@ def test_time_step_rewinds_state_and_drafter(family):
 
 
 def test_cut_by_cost_keeps_the_nodes_that_pay_for_themselves():
-    from models.engine.decoding import cut_by_cost
 
     probs = [1.0, 0.6, 0.1, 0.5, 0.05]           # node 3 is node 1's child (0.6 * 0.83), nodes 2 and 4 are weak
     flat = [1.0, 1.0, 1.0, 1.0, 1.0]
@@ -615,12 +613,10 @@ def test_a_tree_cut_by_cost_stays_lossless(family):
     heads = random_heads(model, family)
     tree = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
     want = generate(model, tok, ids, max_new_tokens=30, stop_token_ids=[])
-    whole = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[])
-    free = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[], step_cost=[1.0] * 7)
-    dear = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[],
-                    step_cost=[1.0] + [50.0] * 6)
-    some = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=30, stop_token_ids=[],
-                    step_cost=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5])
+    whole = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=30, stop_token_ids=[])
+    free = generate(model, tok, ids, heads_drafter(heads, tree, step_cost=[1.0] * 7), max_new_tokens=30, stop_token_ids=[])
+    dear = generate(model, tok, ids, heads_drafter(heads, tree, step_cost=[1.0] + [50.0] * 6), max_new_tokens=30, stop_token_ids=[])
+    some = generate(model, tok, ids, heads_drafter(heads, tree, step_cost=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5]), max_new_tokens=30, stop_token_ids=[])
     for res in (whole, free, dear, some):
         assert res.new_tokens == want.new_tokens
     assert free.accept_lengths == whole.accept_lengths
@@ -641,6 +637,5 @@ def test_greedy_reference_is_the_models_own_generate_past_the_first_cache_capaci
     ours = generate(model, tok, ids, max_new_tokens=new, stop_token_ids=[])
     assert ours.new_tokens == hf
     for family in ("medusa", "hydra_pp"):
-        spec = generate(model, tok, ids, heads=random_heads(model, family), max_new_tokens=new, stop_token_ids=[],
-                        tree=TreeSpec("t", ((0,), (1,), (0, 0), (0, 0, 0)), topk=2))
+        spec = generate(model, tok, ids, heads_drafter(random_heads(model, family), TreeSpec("t", ((0,), (1,), (0, 0), (0, 0, 0)), topk=2)), max_new_tokens=new, stop_token_ids=[])
         assert spec.new_tokens == hf

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from models.engine.drafters import HeadsDrafter, heads_drafter
 from models.engine.acceptance import SamplingConfig, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.heads.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
-from models.engine.drafting import Drafter
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
@@ -129,13 +129,13 @@ def test_drafts_hold_only_draft_vocabulary_tokens(family):
     heads = draft_heads(model, family, ids, share=family != "hydra")
     buf = TreeBuffers.build(sparse64())                                   # up to 10 ranks per node
     for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, acceptance="sampling", seed=0)):
-        drafter = Drafter(heads, sampling, torch.Generator().manual_seed(0))
+        drafter = HeadsDrafter(heads)
         with torch.inference_mode():
-            drafter.start(torch.randn(6, model.config.hidden_size))
-            tokens, _ = drafter.draft(5, buf)
+            drafter.start(torch.randn(6, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
+            tokens, _, _ = drafter.draft(5, buf)
         assert torch.isin(tokens[1:], ids).all()
-    drafter = Drafter(draft_heads(model, family, ids[:4]), SamplingConfig())
-    drafter.start(torch.randn(6, model.config.hidden_size))
+    drafter = HeadsDrafter(draft_heads(model, family, ids[:4]))
+    drafter.start(torch.randn(6, model.config.hidden_size), SamplingConfig())
     with pytest.raises(ValueError, match="ranks per node but the heads score only 4 tokens"):
         drafter.draft(5, buf)
 
@@ -181,7 +181,7 @@ def test_greedy_decoding_with_a_small_draft_vocabulary_equals_the_baseline(famil
                       len(prompt) - 1)
     accepted = 0
     for tree in (chain_tree(4), dense_tree(2, 3), sparse64()):
-        res = generate(model, tok, prompt, heads=heads, tree=tree, max_new_tokens=40, stop_token_ids=[])
+        res = generate(model, tok, prompt, heads_drafter(heads, tree), max_new_tokens=40, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, f"{family}: {res.new_tokens} != {base.new_tokens}"
         drafted = [t for t, d in zip(res.new_tokens, res.from_draft) if d]
         assert torch.isin(torch.tensor(drafted, dtype=torch.long), ids).all()
@@ -200,9 +200,9 @@ def test_sampled_drafts_q_is_a_full_vocabulary_distribution_zero_outside(family)
     outside = torch.ones(V, dtype=torch.bool)
     outside[ids] = False
     with torch.inference_mode():
-        drafter = Drafter(heads, sampling, torch.Generator().manual_seed(0))
-        drafter.start(torch.randn(5, model.config.hidden_size))
-        tokens, draft_q = drafter.draft(7, buf)
+        drafter = HeadsDrafter(heads)
+        drafter.start(torch.randn(5, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
+        tokens, draft_q, _ = drafter.draft(7, buf)
         for node in buf.parent_list:
             q = draft_q(node)
             assert q.shape == (V,) and float(q.sum()) == pytest.approx(1.0, abs=1e-5)

@@ -7,6 +7,7 @@ speculative loops, and step aside when gradients are on (training is untouched).
 import pytest
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate, verify_tree
 import copy
@@ -50,7 +51,7 @@ def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
     heads = random_heads(model, "hydra")
     prepare_for_decoding(model)
     assert generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[]).new_tokens == base_stock
-    spec = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=40, stop_token_ids=[])
+    spec = generate(model, tok, prompt, heads_drafter(heads, TREES[1]), max_new_tokens=40, stop_token_ids=[])
     assert spec.new_tokens == base_stock
 
 
@@ -77,11 +78,11 @@ def test_prepared_heads_draft_the_same_tokens(family):
 
     model, tok, heads = tiny_model_and_heads(family)
     prompt = list(range(10, 70))
-    stock = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
+    stock = generate(model, tok, prompt, heads_drafter(heads, TREES[1]), max_new_tokens=30, stop_token_ids=[])
     prepare_for_decoding(model)
     n = prepare_heads_for_decoding(heads, bf16=False)       # float32 copies: the same products
     assert n >= 3 and all(is_packed(layer) for layer in heads.output_layers())
-    fast = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=30, stop_token_ids=[])
+    fast = generate(model, tok, prompt, heads_drafter(heads, TREES[1]), max_new_tokens=30, stop_token_ids=[])
     assert fast.new_tokens == stock.new_tokens and fast.accept_lengths == stock.accept_lengths
 
 
@@ -110,7 +111,7 @@ def test_bf16_draft_heads_stay_lossless_and_close(family):
         rounded = layer(x)
     assert rounded.dtype == torch.float32 and not torch.equal(rounded, exact)      # the bf16 copy ran
     torch.testing.assert_close(rounded, exact, rtol=2e-2, atol=2e-2 * exact.abs().max().item())
-    fast = generate(model, tok, prompt, heads=heads, tree=TREES[1], max_new_tokens=40, stop_token_ids=[])
+    fast = generate(model, tok, prompt, heads_drafter(heads, TREES[1]), max_new_tokens=40, stop_token_ids=[])
     assert fast.new_tokens == base.new_tokens
 
 

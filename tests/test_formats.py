@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.trees import chain_tree
@@ -59,7 +60,7 @@ def assert_same_drafts(a, b, model, tok):
             torch.testing.assert_close(a.prefix_forward(h, torch.arange(6)[None]), b.prefix_forward(h, torch.arange(6)[None]))
     ids = prompt_ids(tok)
     base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
-    runs = [generate(model, tok, ids, heads=x, tree=chain_tree(3), max_new_tokens=24, stop_token_ids=[]) for x in (a, b)]
+    runs = [generate(model, tok, ids, heads_drafter(x, chain_tree(3)), max_new_tokens=24, stop_token_ids=[]) for x in (a, b)]
     assert runs[0].new_tokens == runs[1].new_tokens == base.new_tokens           # lossless, both
     assert runs[0].accept_lengths == runs[1].accept_lengths                       # the same drafts accepted
 

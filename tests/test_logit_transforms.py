@@ -6,6 +6,7 @@ model(input_ids).logits once per model; a model whose logits the engine cannot r
 import pytest
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import base_logits, project
@@ -54,7 +55,7 @@ def test_greedy_decoding_of_a_transforming_model_is_its_own(arch):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     heads = build_heads(HeadsConfig.for_base(model, "hydra", num_heads=2), model).eval()
-    spec = generate(model, tok, prompt, heads=heads, tree=dense_tree(2, 2), max_new_tokens=12, stop_token_ids=[])
+    spec = generate(model, tok, prompt, heads_drafter(heads, dense_tree(2, 2)), max_new_tokens=12, stop_token_ids=[])
     assert ours == ref and spec.new_tokens == ours
 
 

@@ -1,4 +1,4 @@
-"""pytest tests/test_lookup_branch.py: the heads' tree with prompt lookup's chain merged in (models/engine/lookup_branch.py).
+"""pytest tests/test_lookup_branch.py: the heads' tree with prompt lookup's chain merged in (models/engine/drafters/lookup_branch.py).
 
 The merged tree holds exactly the heads' paths and the chain's prefixes (no duplicate siblings), greedy output
 equals the baseline's for every family, with and without the per-step cost cut, the lookup branch really is
@@ -9,8 +9,8 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.lookup_branch import LookupBranchDrafter, merge_chain, with_branch
-from models.engine.prompt_lookup import PromptLookupDrafter
+from models.engine.drafters import LookupBranchDrafter, PromptLookupDrafter, heads_drafter, make_drafter
+from models.engine.drafters.lookup_branch import merge_chain, with_branch
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from tests.test_decoding import FAMILIES, cyclic_prompt, random_heads
 
@@ -79,14 +79,13 @@ def test_greedy_with_a_lookup_branch_equals_the_baseline(family):
     model, tok, ids = setups()
     heads = random_heads(model, family)
     base = generate(model, tok, ids, max_new_tokens=60, stop_token_ids=[])
-    alone = generate(model, tok, ids, heads=heads, tree=SMALL, max_new_tokens=60, stop_token_ids=[])
-    pld = generate(model, tok, ids, drafter=PromptLookupDrafter(8, 3, 2, 3), max_new_tokens=60, stop_token_ids=[])
+    alone = generate(model, tok, ids, heads_drafter(heads, SMALL), max_new_tokens=60, stop_token_ids=[])
+    pld = generate(model, tok, ids, PromptLookupDrafter(8, 3, 2, 3), max_new_tokens=60, stop_token_ids=[])
     costs = {"uncut": None, "flat": [1.0] * 20, "steep": [1.0] + [50.0] * 19,
              "cpu": [1.0, 1.03, 1.02, 1.01, 1.05, 1.08, 1.1, 1.15, 1.18] + [1.3] * 11}
     runs = {}
     for name, cost in costs.items():
-        res = generate(model, tok, ids, heads=heads, tree=SMALL, max_new_tokens=60, stop_token_ids=[],
-                       lookup=PromptLookupDrafter(8, 3, 2, 3), step_cost=cost)
+        res = generate(model, tok, ids, heads_drafter(heads, SMALL, step_cost=cost, lookup=PromptLookupDrafter(8, 3, 2, 3)), max_new_tokens=60, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, name
         assert len(res.new_tokens) == 1 + sum(res.accept_lengths)
         runs[name] = res
@@ -102,8 +101,7 @@ def test_typical_and_topk_sampling_take_a_lookup_branch():
     heads = random_heads(model, "hydra")
     for sampling in (SamplingConfig(temperature=0.7, acceptance="typical", seed=1),
                      SamplingConfig(temperature=0.7, acceptance="sampling", draft="topk", seed=1)):
-        res = generate(model, tok, ids, heads=heads, tree=SMALL, sampling=sampling, max_new_tokens=30,
-                       stop_token_ids=[], lookup=PromptLookupDrafter(8, 3, 2, 3))
+        res = generate(model, tok, ids, heads_drafter(heads, SMALL, lookup=PromptLookupDrafter(8, 3, 2, 3)), sampling=sampling, max_new_tokens=30, stop_token_ids=[])
         assert len(res.new_tokens) == 30 == 1 + sum(res.accept_lengths)
 
 
@@ -111,16 +109,15 @@ def test_a_lookup_branch_refuses_sampled_drafts_and_a_missing_tree():
     model, tok, ids = setups()
     heads = random_heads(model, "medusa")
     with pytest.raises(ValueError, match="deterministic drafts"):
-        generate(model, tok, ids, heads=heads, tree=SMALL, max_new_tokens=5, lookup=PromptLookupDrafter(),
-                 sampling=SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample"))
-    with pytest.raises(ValueError, match="joins the heads' tree"):
-        generate(model, tok, ids, max_new_tokens=5, lookup=PromptLookupDrafter())
+        generate(model, tok, ids, heads_drafter(heads, SMALL, lookup=PromptLookupDrafter()), max_new_tokens=5, sampling=SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample"))
+    with pytest.raises(ValueError, match="needs heads=... and a tree"):
+        make_drafter({"kind": "heads_lookup", "lookup": {"num_tokens": 4}})
 
 
 def test_running_rate_counts_right_and_tried_lookup_tokens():
     model, _, ids = setups()
     d = LookupBranchDrafter(random_heads(model, "medusa"), chain_tree(2), PromptLookupDrafter(4, 3, 1),
-                            SamplingConfig(), step_cost=[1.0] * 8)
+                            step_cost=[1.0] * 8)
     assert d.rate(3) == 0.5                                          # the prior
     d._pending, d._accepted = (3, [5, 6, 7, 8]), [5]                 # one draft accepted, then bonus 6: 2 right,
     d._score(6)                                                      # the 3rd not known yet
@@ -144,10 +141,9 @@ def test_time_step_rewinds_a_lookup_branch(family):
 
     model, tok, ids = setups()
     heads = random_heads(model, family)
-    want = generate(model, tok, ids, heads=heads, tree=SMALL, max_new_tokens=30, stop_token_ids=[],
-                    lookup=PromptLookupDrafter(8, 3, 2, 3))
+    want = generate(model, tok, ids, heads_drafter(heads, SMALL, lookup=PromptLookupDrafter(8, 3, 2, 3)), max_new_tokens=30, stop_token_ids=[])
     with torch.inference_mode():
-        drafter = LookupBranchDrafter(heads, SMALL, PromptLookupDrafter(8, 3, 2, 3), SamplingConfig())
+        drafter = LookupBranchDrafter(heads, SMALL, PromptLookupDrafter(8, 3, 2, 3))
         state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
         got = [state.root]
         while len(got) < 30:

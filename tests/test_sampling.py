@@ -13,6 +13,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from models.engine.drafters import heads_drafter
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
 from models.base import build_tiny_model
@@ -157,8 +158,7 @@ def decoder_draws(setup, n, heads=True, draft="sample", seed0=0):
     counts, drafted, deep = Counter(), 0, 0
     for i in range(n):
         s = SamplingConfig(temperature=1.0, top_k=TOP_K, acceptance="sampling", draft=draft, seed=seed0 + i)
-        res = generate(model, tok, ids, heads=hd if heads else None, tree=TREE, sampling=s,
-                       max_new_tokens=MAX_NEW, stop_token_ids=[])
+        res = generate(model, tok, ids, heads_drafter(hd, TREE) if heads else None, sampling=s, max_new_tokens=MAX_NEW, stop_token_ids=[])
         counts[tuple(res.new_tokens[:TOKENS])] += 1
         drafted += sum(res.from_draft[:TOKENS])
         deep += res.accept_lengths[0] == 3
@@ -224,7 +224,7 @@ def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
 @pytest.mark.parametrize("family", ["medusa", "hydra"])
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
-    from models.engine.drafting import Drafter
+    from models.engine.drafters import HeadsDrafter
     from models.heads import build_heads
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)
@@ -232,9 +232,9 @@ def test_drafted_children_come_with_their_q(family):
     sampling = SamplingConfig(temperature=0.8, top_k=20, acceptance="sampling", draft="sample", seed=0)
     buf = TreeBuffers.build(dense_tree(3, 2))
     with torch.inference_mode():
-        drafter = Drafter(heads.eval(), sampling, torch.Generator().manual_seed(0))
-        drafter.start(torch.randn(5, model.config.hidden_size))
-        tokens, draft_q = drafter.draft(7, buf)
+        drafter = HeadsDrafter(heads.eval())
+        drafter.start(torch.randn(5, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
+        tokens, draft_q, _ = drafter.draft(7, buf)
         for node in buf.parent_list:
             d = int(buf.depth[node])
             path = tokens[[*buf.retrieve[(buf.retrieve == node).any(1)][0, :d + 1].tolist()]][None]

@@ -5,6 +5,7 @@ Qwen2 model with sliding and full layers), and the baseline equals the model's o
 import pytest
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate, verify_masks
 from models.engine.trees import TreeBuffers, chain_tree
@@ -40,8 +41,7 @@ def test_speculative_equals_baseline_past_the_window(name, family, tree):
     model, tok = windowed_model(name)
     prompt = list(range(40, 72))
     base = generate(model, tok, prompt, max_new_tokens=40, stop_token_ids=[]).new_tokens
-    spec = generate(model, tok, prompt, heads=random_heads(model, family), tree=TREES[tree], max_new_tokens=40,
-                    stop_token_ids=[])
+    spec = generate(model, tok, prompt, heads_drafter(random_heads(model, family), TREES[tree]), max_new_tokens=40, stop_token_ids=[])
     assert spec.new_tokens == base
 
 

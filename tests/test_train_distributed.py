@@ -14,6 +14,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
@@ -219,7 +220,7 @@ def test_train_stage_under_ddp_on_two_cpu_processes(compose_cfg, tmp_path):
     tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
     prompt = tok("<|im_start|>user\nsay abc<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     want = generate(model, tok, prompt, max_new_tokens=24, stop_token_ids=[])
-    got = generate(model, tok, prompt, heads=heads, tree=tree, max_new_tokens=24, stop_token_ids=[])
+    got = generate(model, tok, prompt, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])
     assert got.new_tokens == want.new_tokens
 
 

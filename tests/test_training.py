@@ -14,6 +14,7 @@ from datasets import Dataset, DatasetDict
 from omegaconf import OmegaConf
 from torch import nn
 
+from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.data.conversations import tokenize_conversation
 from models.heads.draft_vocab import answer_token_counts, most_frequent
@@ -632,7 +633,7 @@ def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
         tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
         ids = tok("<|im_start|>user\ncount: 1 2 3 4 5 6<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
         want = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
-        got = generate(model, tok, ids, heads=heads, tree=tree, max_new_tokens=24, stop_token_ids=[])
+        got = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])
         assert got.new_tokens == want.new_tokens and got.steps <= want.steps
         bad = OmegaConf.load(tmp_path / "parent_token.yaml")
         bad.recipe.kind = "medusa2"

@@ -1,18 +1,22 @@
 """Speculative decoding on an unmodified transformers causal LM: one decode step shared by every drafter.
 
     from models.engine.decoding import generate, SamplingConfig
-    res = generate(model, tok, input_ids, heads=heads, tree=tree_spec, max_new_tokens=128)
-    res = generate(model, tok, input_ids, drafter=PromptLookupDrafter())   # any StepDrafter (models/engine/prompt_lookup.py)
+    from models.engine.drafters import make_drafter
+    res = generate(model, tok, input_ids, drafter=make_drafter({"kind": "heads", "tree": spec}, heads=heads))
+    res = generate(model, tok, input_ids, drafter=make_drafter({"kind": "prompt_lookup"}))
     res = generate(model, tok, input_ids)                      # no drafter: the autoregressive baseline
     res.new_tokens, res.text, res.accept_lengths, res.mean_accepted_length, res.tokens_per_second
 
     state = prefill(model, input_ids [1, T], sampling, generator, drafter)   # the loop, by hand
     tokens, drafted = decode_step(state, drafter, max_depth)                 # one step; tokens[-1] = state.root
 
+The decoder never names a drafting strategy: a drafter (models/engine/drafters/) proposes a Draft, the step
+verifies and accepts it, the drafter follows the accepted path.
+
 One step (decode_step; docs/design.md#the-decode-step):
-  1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers: the
-             heads' fixed tree (TreeDrafter), a chain of context tokens (prompt lookup); m = 0 drafts
-             (or no drafter) is a plain 1-token step
+  1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers (a Draft:
+             the heads' tree, a chain of context tokens, ...); m = 0 drafts (or no drafter) is a plain
+             1-token step
   2) verify: ONE forward of the base decoder over root + tree nodes with a 4-D additive mask
              (prefix visible, tree part = tree mask) and position_ids = past + depth
   3) accept: greedy / typical / lossless sampling -> accepted path + bonus token
@@ -28,19 +32,18 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
-from models.engine.drafting import Drafter
+from models.engine.drafters.base import DraftContext, StepDrafter
 from models.engine.kv_cache import keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
-from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
+from models.engine.trees import TreeBuffers
 
-__all__ = ["SamplingConfig", "GenerationResult", "StepDrafter", "TreeDrafter", "FixedDrafter", "DecodeState",
-           "prefill", "decode_step", "time_step", "generate", "cut_by_cost", "checked_step_costs"]
+__all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "prefill", "decode_step", "time_step", "generate"]
 
 
 @dataclass
@@ -173,113 +176,6 @@ def _as_ids(input_ids, device) -> torch.Tensor:
     return ids.unsqueeze(0)                                                      # [1, T]
 
 
-# -- drafters ----------------------------------------------------------------------------------------
-DraftQ = Callable[[int], torch.Tensor] | None     # draft_q(node) -> q [V] of the node's children, or None
-
-
-class StepDrafter(Protocol):
-    """What decode_step needs from a drafter (TreeDrafter, models.engine.prompt_lookup.PromptLookupDrafter)."""
-
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """After the prefill: input_ids [T] the prompt, hidden [T, h] its base hidden states."""
-
-    def draft(self, root: int, max_depth: int) -> tuple[TreeBuffers, torch.Tensor, DraftQ]:
-        """-> (buffers of the drafted tree, no deeper than max_depth; tokens [N], node 0 = root; draft_q).
-        A tree of the root alone (N = 1) asks for a plain 1-token step."""
-
-    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
-        """After acceptance: hidden [m, h] and tokens (m, root first) of the accepted path, now at
-        positions position..position+m-1 of the base cache."""
-
-    def rewind(self, position: int) -> None:
-        """Forget every position from `position` on, as if decoding had stopped there (DecodeState.rewind)."""
-
-
-def checked_step_costs(step_cost) -> list[float] | None:
-    """step_cost as floats (None stays None); a ValueError unless they are positive costs of steps of 1, 2, ... tokens."""
-    if step_cost is None:
-        return None
-    costs = [float(c) for c in step_cost]
-    if len(costs) < 1 or min(costs) <= 0:
-        raise ValueError(f"step_cost must list positive costs of steps of 1, 2, ... tokens; got {step_cost}")
-    return costs
-
-
-def cut_by_cost(node_probs: list[float], step_cost: list[float]) -> tuple[int, ...]:
-    """The nodes worth verifying: node_probs[i] = the heads' probability that node i is accepted (the product of
-    their probabilities along its path; node 0 = root, 1), step_cost[m - 1] = the cost of a step verifying m
-    tokens. Keeps the n most probable nodes, n maximising expected tokens per cost (1 + their probabilities) /
-    step_cost[n]; -> node indices, root first, rising. A child is never more probable than its parent, so every
-    kept node's parent is kept (ties go to the lower index: the parent)."""
-    order = sorted(range(1, len(node_probs)), key=lambda i: (-node_probs[i], i))
-    best_n, best, gain = 0, 1.0 / step_cost[0], 1.0
-    for n, i in enumerate(order[:len(step_cost) - 1], start=1):
-        gain += node_probs[i]
-        if gain / step_cost[n] > best:
-            best_n, best = n, gain / step_cost[n]
-    return tuple(sorted([0, *order[:best_n]]))
-
-
-class TreeDrafter:
-    """Draft heads on a fixed tree (models.engine.drafting.Drafter), the tree cut to max_depth near the limits.
-
-    step_cost (relative cost of a step verifying 1, 2, ... tokens; e.g. the latency profile): every step keeps
-    only the drafted nodes that pay for their verify cost by the heads' own probabilities (cut_by_cost; no
-    node: a plain 1-token step). Greedy and typical acceptance only: sampled drafts keep the whole tree (their
-    acceptance rule needs every draw below a parent)."""
-
-    def __init__(self, heads, tree: TreeSpec | TreeBuffers, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None, step_cost: list[float] | None = None):
-        spec = tree.spec if isinstance(tree, TreeBuffers) else tree
-        spec.check_heads(heads.config.num_heads)
-        self.buf = TreeBuffers.build(spec)
-        self.heads_drafter = Drafter(heads, sampling, generator)
-        self.step_cost = None if sampling.samples_drafts else checked_step_costs(step_cost)
-        if self.step_cost is not None:
-            self.heads_drafter.track_probs = True
-
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        self.heads_drafter.start(hidden)
-
-    def draft(self, root: int, max_depth: int):
-        buf = self.buf.to_depth(max_depth)
-        tokens, draft_q = self.heads_drafter.draft(root, buf)
-        if self.step_cost is not None and buf.num_tokens > 1:
-            keep = cut_by_cost(self.heads_drafter.node_probs.tolist(), self.step_cost)
-            if len(keep) < buf.num_tokens:
-                buf, tokens = buf.subtree(keep), tokens[list(keep)]
-        return buf, tokens, draft_q
-
-    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
-        self.heads_drafter.advance(hidden, position)
-
-    def rewind(self, position: int) -> None:
-        self.heads_drafter.rewind(position)
-
-
-class FixedDrafter:
-    """Proposes the same chain of `drafts` below every root. For timing the step at a given size
-    (models/measure/latency.py) and for tests; it keeps no state, so rewinding is free."""
-
-    def __init__(self, drafts):
-        self.drafts = torch.as_tensor(drafts, dtype=torch.long).flatten()
-        self.buf = TreeBuffers.build(chain_tree(self.drafts.numel(), name=f"fixed{self.drafts.numel()}"))
-
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        self.drafts = self.drafts.to(input_ids.device)
-
-    def draft(self, root: int, max_depth: int):
-        buf = self.buf.to_depth(max_depth)
-        tokens = torch.cat([self.drafts.new_tensor([root]), self.drafts])[:buf.num_tokens]
-        return buf, tokens, None
-
-    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
-        pass
-
-    def rewind(self, position: int) -> None:
-        pass
-
-
 # -- the decode step ---------------------------------------------------------------------------------
 TIMED_PARTS = ("draft", "verify", "lm_head", "accept", "commit")
 
@@ -329,7 +225,7 @@ def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch
     hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
     root = _first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
     if drafter is not None:
-        drafter.start(ids[0], hidden)
+        drafter.start(DraftContext(ids[0], hidden, sampling, generator))
     return DecodeState(decoder, logits, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
 
 
@@ -341,7 +237,8 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     """
     t1 = state.clock()
     root, past, timings = state.root, state.past, state.timings
-    buf, tokens, draft_q = drafter.draft(root, max_depth) if drafter is not None else (None, None, None)
+    draft = drafter.draft(root, max_depth) if drafter is not None else None
+    buf, tokens, draft_q = (draft.buf, draft.tokens, draft.draft_q) if draft is not None else (None, None, None)
     t2 = state.clock()
     if buf is None or buf.num_tokens == 1:
         # a) plain step: the root alone, causal, no mask needed
@@ -403,17 +300,11 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 
 
 @torch.inference_mode()
-def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffers | None = None,
-             sampling: SamplingConfig | None = None, max_new_tokens: int = 128, stop_token_ids=None,
-             on_tokens=None, drafter: StepDrafter | None = None, step_cost: list[float] | None = None,
-             lookup=None) -> GenerationResult:
-    """Decode one answer: with `heads` on `tree`, with another `drafter` (e.g. prompt lookup), or
-    neither: the autoregressive baseline. step_cost: cut the tree at every step (TreeDrafter).
-    lookup: a PromptLookupDrafter whose chain joins the heads' tree every step
-    (models/engine/lookup_branch.py; with step_cost the union is cut).
-
-    on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are emitted (streaming).
-    """
+def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
+             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None) -> GenerationResult:
+    """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
+    autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
+    emitted (streaming)."""
     if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
                          ">= 0 (0 returns an empty answer)")
@@ -432,19 +323,6 @@ def generate(model, tokenizer, input_ids, heads=None, tree: TreeSpec | TreeBuffe
     if ids.shape[1] > max_pos:
         raise ValueError(f"prompt has {ids.shape[1]} tokens but the model's context is {max_pos} "
                          "(max_position_embeddings); shorten the prompt")
-    if heads is not None:
-        if drafter is not None:
-            raise ValueError("pass either heads (with a tree) or a drafter, not both")
-        if tree is None:
-            raise ValueError("speculative decoding needs a tree (TreeSpec or TreeBuffers); pass heads=None for the baseline")
-        if lookup is None:
-            drafter = TreeDrafter(heads, tree, sampling, generator, step_cost)
-        else:
-            from models.engine.lookup_branch import LookupBranchDrafter    # it builds on TreeDrafter
-            drafter = LookupBranchDrafter(heads, tree, lookup, sampling, generator, step_cost)
-    elif lookup is not None:
-        raise ValueError("a lookup branch joins the heads' tree: pass heads and a tree with it (or "
-                         "drafter=PromptLookupDrafter(...) for prompt lookup alone)")
     accept_lengths: list[int] = []
     if max_new_tokens <= 0:
         return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")

@@ -3,7 +3,7 @@
     family = get_family("hydra")                   # the `family` of conf/heads/<name>.yaml
     blocks = family.build_blocks(h, K, L)          # models/heads/__init__.py DraftHeads holds them
     x = family.head_input(k, h_t, path, embed)     # what head k reads before its blocks
-    family.draft(drafter, tokens, buf)             # a tree's proposals, depth by depth (models/engine/drafting.py)
+    family.draft(drafter, tokens, buf)             # a tree's proposals, depth by depth (models/engine/drafters/heads.py)
     family.recipes                                 # the training recipes it takes (models/heads/training.py RECIPES)
 
 Adding a family is one module with a HeadFamily subclass decorated with @register_family (imported
@@ -85,13 +85,13 @@ class HeadFamily:
         return hidden
 
     def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
-        """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the drafter's proposals; -> {parent: q [Vd]}
-        when proposals are sampled; drafter.note_probs(level, probs) after each depth (for step_cost cuts). Medusa: head k sees h_t only, so all heads run once and every parent of a
-        depth gets the same proposals."""
+        """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the proposals of `drafter` (a HeadsDrafter,
+        models/engine/drafters/heads.py); -> {parent: q [Vd]} when proposals are sampled. After each depth,
+        drafter.note_probs(level, probs) records the proposals' probabilities (cost cuts). Medusa: head k sees
+        h_t only, so all heads run once and every parent of a depth gets the same proposals."""
         q_of = {}
         K = max(level.num_ranks for level in buf.levels)
-        picks, q = drafter.pick(drafter.all_heads_logits(len(buf.levels)), K)     # [D, K], [D, Vd]
-        probs = drafter.last_probs
+        picks, q, probs = drafter.pick(drafter.all_heads_logits(len(buf.levels)), K)   # [D, K], [D, Vd], [D, K]
         for d, level in enumerate(buf.levels):
             tokens[level.nodes] = picks[d, level.ranks]
             if probs is not None:                  # the same proposals under every parent: row d for all of them
@@ -133,9 +133,9 @@ class Hydra(HeadFamily):
         for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
             P = level.parents.numel()
             path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
-            picks, q = drafter.pick(drafter.head_logits(d, drafter.h.expand(P, -1), path), level.num_ranks)
+            picks, q, probs = drafter.pick(drafter.head_logits(d, drafter.h.expand(P, -1), path), level.num_ranks)
             tokens[level.nodes] = picks[level.parent_slot, level.ranks]
-            drafter.note_probs(level, drafter.last_probs)
+            drafter.note_probs(level, probs)
             if q is not None:
                 q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
         return q_of

@@ -50,7 +50,7 @@ siblings are in the tree. Trees for growing budgets are nested.
 Cost: predicted tokens/s = L / (verify(n + 1 tokens) + overhead(tree)); verify from the latency
 profile of the decoder's verify forward (models/measure/latency.py: median over repeats, interpolated in n);
 overhead = draft + LM head (on the nodes with children) + acceptance + commit of one step with that
-tree, timed with the decoder's own functions (models/engine/drafting.py, acceptance.py, kv_cache.py). The
+tree, timed with the decoder's own functions (models/engine/drafters/, acceptance.py, kv_cache.py). The
 autoregressive baseline's step is the profile's 1-token forward + LM head.
 """
 from __future__ import annotations
@@ -304,10 +304,11 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300, seed: 
     (decoder forward alone here), lm_head (on the rows acceptance reads), accept (the rule), commit (cache
     pruning + the drafter's state)."""
     from models.engine.acceptance import SamplingConfig
-    from models.engine.decoding import TreeDrafter, prefill, time_step
+    from models.engine.decoding import prefill, time_step
+    from models.engine.drafters import TreeDrafter
 
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
-    drafter = TreeDrafter(heads, spec, SamplingConfig())
+    drafter = TreeDrafter(heads, spec)
     state = prefill(model, ids.to(next(model.parameters()).device), SamplingConfig(), drafter=drafter)
     steps = time_step(state, drafter, spec.depth, repeats)
     for s in steps:

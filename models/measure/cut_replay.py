@@ -1,6 +1,6 @@
 """How much could a per-step cut of the draft tree gain? Replay recorded greedy steps under cut policies.
 
-    rec = RecordingDrafter(TreeDrafter(heads, tree, SamplingConfig()))   # the whole tree, never cut
+    rec = RecordingDrafter(TreeDrafter(heads, tree, want_probs=True))   # the whole tree, never cut
     generate(model, tok, ids, drafter=rec)                              # greedy: output = the baseline's
     steps = rec.steps                                                   # [CutStep]: probs, accepted per node
     table = replay_policies(steps, step_cost)                           # {policy: ReplayResult}
@@ -12,7 +12,7 @@ counts as the bonus token) and cost step_cost[|S| - 1] (the verify step's latenc
 1-token step). A policy picks S per step; its figure is tokens / verify cost, relative to the baseline,
 before drafting (the same drafts for every policy) and bookkeeping. Policies:
   fixed-k      the k nodes accepted most often on the OTHER groups (questions): a fixed k-node tree
-  cut          decoding.cut_by_cost on the heads' own probabilities (tree=dynamic)
+  cut          drafters.cut_by_cost on the heads' own probabilities (tree=dynamic)
   recalibrated cut_by_cost on the heads' probabilities mapped to how often nodes of that probability
                were accepted on the other groups (binned, monotone): a cut with calibrated probabilities
   oracle       exactly the accepted nodes: the ceiling of any cut (not a decoder)
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.engine.decoding import cut_by_cost
+from models.engine.drafters import Draft, DraftContext, cut_by_cost
 
 
 @dataclass
@@ -54,17 +54,19 @@ class RecordingDrafter:
         if tree_drafter.step_cost is not None:
             raise ValueError("record the whole tree: give RecordingDrafter a TreeDrafter without step_cost")
         self.inner, self.group, self.steps = tree_drafter, group, []
-        self.inner.heads_drafter.track_probs = True
+        self.full_size = tree_drafter.buf.num_tokens
         self._pending = None
 
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        self.inner.start(input_ids, hidden)
+    def start(self, ctx: DraftContext) -> None:
+        self.inner.start(ctx)
 
-    def draft(self, root: int, max_depth: int):
-        buf, tokens, draft_q = self.inner.draft(root, max_depth)
-        full = buf.num_tokens == self.inner.buf.num_tokens      # steps near the token limit are cut by depth
-        self._pending = (buf, tokens.tolist(), self.inner.heads_drafter.node_probs.tolist()) if full else None
-        return buf, tokens, draft_q
+    def draft(self, root: int, max_depth: int) -> Draft:
+        draft = self.inner.draft(root, max_depth)
+        if draft.node_probs is None:
+            raise ValueError("record a TreeDrafter built with want_probs=True (greedy drafts)")
+        full = draft.buf.num_tokens == self.full_size           # steps near the token limit are cut by depth
+        self._pending = (draft.buf, draft.tokens.tolist(), draft.node_probs.tolist()) if full else None
+        return draft
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         if self._pending is not None:

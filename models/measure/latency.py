@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from models.engine.acceptance import SamplingConfig
-from models.engine.decoding import FixedDrafter, prefill, time_step
+from models.engine.decoding import prefill, time_step
+from models.engine.drafters import DraftContext, FixedDrafter
 
 
 @torch.inference_mode()
@@ -32,7 +33,7 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
     sizes = [int(n) for n in sizes]
     drafters = {n: FixedDrafter(torch.randint(model.config.vocab_size, (n - 1,), generator=g)) for n in sizes}
     for drafter in drafters.values():
-        drafter.start(ids[0], None)
+        drafter.start(DraftContext(ids[0], None, SamplingConfig()))
     fwd = {n: [] for n in sizes}
     full = {n: [] for n in sizes}
     for rep in range(repeats + 1):                      # round 0 warms up

@@ -1,9 +1,9 @@
 """Draft heads with prompt lookup merged in: the heads' tree plus the context's n-gram continuation as one branch.
 
-    from models.engine.decoding import generate
-    from models.engine.prompt_lookup import PromptLookupDrafter
-    res = generate(model, tok, ids, heads=heads, tree=tree, lookup=PromptLookupDrafter(8, 3, 2, 3))
-    res = generate(model, tok, ids, heads=heads, tree=tree16, lookup=..., step_cost=costs)   # cut per step
+    lookup = {"num_tokens": 8, "max_ngram": 3, "min_ngram": 2, "tokens_per_ngram": 3}
+    drafter = make_drafter({"kind": "heads_lookup", "tree": tree, "lookup": lookup}, heads=heads)
+    drafter = make_drafter({"kind": "heads_lookup", "tree": tree16, "lookup": lookup, "step_cost": costs},
+                           heads=heads)                                               # cut per step
 
 Why: prompt lookup wins where the answer copies the context (MT-Bench extraction: a 3-gram match is followed
 by the right token most of the time), the heads win everywhere else; on a CPU the verify step has room for
@@ -13,7 +13,7 @@ child's, and what is left of it hangs below the last such node as a branch of it
 the union, so every acceptance rule that does not read the heads' q (greedy, typical, top-k drafts under
 lossless sampling: each child a point mass) stays what it is: greedy output equals the baseline's.
 
-With step_cost (conf/tree/dynamic_pld.yaml) the union is cut like tree=dynamic (decoding.cut_by_cost): a heads
+With step_cost (conf/tree/dynamic_pld.yaml) the union is cut like tree=dynamic (drafters/cut.py): a heads
 node's probability is the heads' own along its path; a lookup node j tokens below the root has r_n ** j, r_n
 the running rate (Laplace-smoothed) at which prompt lookup's tokens after an n-gram match were right in this
 answer so far; a node both propose has the larger of the two.
@@ -27,9 +27,10 @@ import functools
 
 import torch
 
-from models.engine.acceptance import SamplingConfig
-from models.engine.decoding import TreeDrafter, checked_step_costs, cut_by_cost
-from models.engine.prompt_lookup import PromptLookupDrafter
+from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.cut import checked_step_costs, cut_by_cost
+from models.engine.drafters.prompt_lookup import PromptLookupDrafter
+from models.engine.drafters.tree import TreeDrafter
 from models.engine.trees import TreeBuffers, TreeSpec
 
 __all__ = ["LookupBranchDrafter", "merge_chain", "with_branch"]
@@ -62,30 +63,29 @@ def with_branch(spec: TreeSpec, attach: int, k: int) -> tuple[TreeBuffers, torch
 
 
 class LookupBranchDrafter:
-    """A StepDrafter (models/engine/decoding.py): the heads' tree (TreeDrafter, uncut) with prompt lookup's chain
-    merged in; step_cost: cut the union per step by expected tokens per cost (see the module docstring)."""
+    """The heads' tree (TreeDrafter, uncut) with prompt lookup's chain merged in; step_cost: cut the union per
+    step by expected tokens per cost (see the module docstring). Drafts are deterministic: greedy or typical
+    acceptance, or sampling with top-k drafts."""
 
     PRIOR = (1.0, 2.0)             # Laplace: a rate of 1/2 before any evidence
 
-    def __init__(self, heads, tree: TreeSpec | TreeBuffers, lookup: PromptLookupDrafter, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None, step_cost: list[float] | None = None):
-        if sampling.samples_drafts:
-            raise ValueError("a prompt-lookup branch needs deterministic drafts: greedy or typical acceptance, or "
-                             "acceptance=sampling with draft='topk' (sampled heads' drafts carry a q that the "
-                             "lookup tokens do not have)")
-        self.tree = TreeDrafter(heads, tree, sampling, generator)           # uncut: the union is cut here
-        self.lookup = lookup
+    def __init__(self, heads, tree: TreeSpec | TreeBuffers, lookup: PromptLookupDrafter,
+                 step_cost: list[float] | None = None):
         self.step_cost = checked_step_costs(step_cost)
-        if self.step_cost is not None:
-            self.tree.heads_drafter.track_probs = True
+        self.tree = TreeDrafter(heads, tree, want_probs=self.step_cost is not None)   # uncut: the union is cut here
+        self.lookup = lookup
         self.stats: dict[int, list[float]] = {}                             # n-gram length -> [right, tried]
         self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)
         self._accepted: list[int] = []                                      # last step's accepted drafts
 
     # -- state ---------------------------------------------------------------------------------
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        self.tree.start(input_ids, hidden)
-        self.lookup.start(input_ids, hidden)
+    def start(self, ctx: DraftContext) -> None:
+        if ctx.sampling.samples_drafts:
+            raise ValueError("a prompt-lookup branch needs deterministic drafts: greedy or typical acceptance, or "
+                             "acceptance=sampling with draft='topk' (sampled heads' drafts carry a q that the "
+                             "lookup tokens do not have)")
+        self.tree.start(ctx)
+        self.lookup.start(ctx)
         self._pending, self._accepted = None, []
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
@@ -119,12 +119,12 @@ class LookupBranchDrafter:
         self._pending = None
 
     # -- drafting ------------------------------------------------------------------------------
-    def draft(self, root: int, max_depth: int):
+    def draft(self, root: int, max_depth: int) -> Draft:
         self._score(root)
-        buf, tokens, _ = self.tree.draft(root, max_depth)                   # q unused: deterministic drafts
-        _, lookup_tokens, _ = self.lookup.draft(root, max_depth)
-        chain = lookup_tokens[1:].tolist()
-        n = self.lookup.last_ngram
+        heads = self.tree.draft(root, max_depth)                             # q unused: deterministic drafts
+        buf, tokens = heads.buf, heads.tokens
+        lookup = self.lookup.draft(root, max_depth)
+        chain, n = lookup.tokens[1:].tolist(), lookup.extras["ngram"]
         if chain:
             self._pending = (n, chain)
         through, covered = merge_chain(buf.children, tokens.tolist(), chain)
@@ -132,7 +132,7 @@ class LookupBranchDrafter:
         attach = through[-1] if through else 0
         probs = None
         if self.step_cost is not None:
-            probs = self.tree.heads_drafter.node_probs.clone()             # [N] the heads' own, root 1
+            probs = heads.node_probs.clone()                                 # [N] the heads' own, root 1
             r = self.rate(n) if chain else 0.0
             for j, node in enumerate(through, start=1):
                 probs[node] = max(float(probs[node]), r ** j)
@@ -144,5 +144,14 @@ class LookupBranchDrafter:
         if probs is not None and buf.num_tokens > 1:
             keep = cut_by_cost(probs.tolist(), self.step_cost)
             if len(keep) < buf.num_tokens:
-                buf, tokens = buf.subtree(keep), tokens[list(keep)]
-        return buf, tokens, None
+                buf, tokens, probs = buf.subtree(keep), tokens[list(keep)], probs[list(keep)]
+        return Draft(buf, tokens, None, probs, extras={"ngram": n})
+
+
+@register_drafter("heads_lookup")
+def build(spec: dict, heads=None, **_) -> LookupBranchDrafter:
+    """spec: tree, lookup (PromptLookupDrafter's settings, a mapping), step_cost (optional); heads: DraftHeads."""
+    if heads is None or spec.get("tree") is None:
+        raise ValueError("a heads_lookup drafter needs heads=... and a tree in its spec")
+    lookup = PromptLookupDrafter(**dict(spec.get("lookup") or {}))
+    return LookupBranchDrafter(heads, spec["tree"], lookup, spec.get("step_cost"))

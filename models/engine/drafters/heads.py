@@ -1,9 +1,11 @@
-"""Drafting a tree of candidate tokens with draft heads: one batched head call per depth.
+"""Draft heads proposing the tokens of a given tree: one batched head call per depth (used by tree.py and
+lookup_branch.py, which decide the tree).
 
-    drafter = Drafter(heads, sampling, generator)
-    drafter.start(prompt_hidden)                    # [T, h] base hidden states of the prompt
-    tokens, draft_q = drafter.draft(root, buffers)  # tokens [N] (node 0 = root), draft_q(node) -> q [V] or None
-    drafter.advance(hidden[path], position)         # after acceptance: the accepted nodes' base hidden states
+    drafter = HeadsDrafter(heads, want_probs=True)
+    drafter.start(prompt_hidden, sampling, generator)      # [T, h] base hidden states of the prompt
+    tokens, draft_q, node_probs = drafter.draft(root, buffers)
+        # tokens [N] (node 0 = root); draft_q(node) -> q [V] or None; node_probs [N] (want_probs) or None
+    drafter.advance(hidden[path], position)                # after acceptance: the accepted nodes' hidden states
 
 - Medusa: head k sees h_t only, so the proposals of one depth are the same for every parent:
   all heads run once on h_t (one LM-head product when the heads share the base LM head).
@@ -23,15 +25,19 @@ from __future__ import annotations
 import torch
 
 from models.engine.acceptance import SamplingConfig, warp_probs
-from models.heads.families import get_family
-from models.heads import DraftHeads
 from models.engine.kv_cache import new_cache
 from models.engine.projection import project
+from models.heads import DraftHeads
+from models.heads.families import get_family
 
 
-class Drafter:
-    def __init__(self, heads, sampling: SamplingConfig, generator: torch.Generator | None = None):
-        self.heads, self.sampling, self.generator = heads, sampling, generator
+class HeadsDrafter:
+    """want_probs: draft() also returns node_probs, the product of the heads' probabilities root -> node
+    (greedy and typical drafts; the cost cuts and the cut replay read them)."""
+
+    def __init__(self, heads, want_probs: bool = False):
+        self.heads, self.want_probs = heads, want_probs
+        self.sampling, self.generator = SamplingConfig(), None
         self.family = get_family(heads.config.family)
         # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
         # shared), so that the drafter can run head k as head_hidden + project (fast for few rows); other
@@ -43,15 +49,15 @@ class Drafter:
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         self.history: list[tuple[int, torch.Tensor]] = []   # (positions seen, h then) of the last advances (rewind)
-        self.track_probs = False                        # draft() fills node_probs (greedy and typical drafts)
-        self.last_probs = None
-        self.node_probs = None                          # [N]: product of the heads' probabilities root -> node
+        self._node_probs = None                         # [N] while draft() runs with want_probs
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
     # -- state ---------------------------------------------------------------------------------
-    def start(self, hidden: torch.Tensor) -> None:
-        """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1)."""
+    def start(self, hidden: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> None:
+        """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1); sampling: how drafts are
+        proposed (top-k ranks, or draws when sampling.samples_drafts, from `generator`)."""
+        self.sampling, self.generator = sampling, generator
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.history = []
         self.advance(hidden, 0)
@@ -80,22 +86,23 @@ class Drafter:
             self.prefix_cache.crop(position - self.prefix_cache.get_seq_length())
 
     # -- proposals -----------------------------------------------------------------------------
-    def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None).
-        With track_probs, self.last_probs = the heads' softmax probability of each proposal [R, k]."""
+    def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """logits [R, Vd] -> (proposed token ids [R, k], warped q [R, Vd] when proposals are sampled, else None,
+        the heads' softmax probability of each proposal [R, k] with want_probs, else None)."""
         if k > logits.shape[-1]:
             raise ValueError(f"the tree asks for {k} ranks per node but the heads score only {logits.shape[-1]} "
                              "tokens (draft_vocab_size): use a tree with fewer ranks or a larger draft vocabulary")
+        probs = None
         if not self.sampling.samples_drafts:
             top = torch.topk(logits, k, dim=-1)
             picks, q = top.indices, None
-            if self.track_probs:                    # softmax at the top-k: exp(l - logsumexp(l))
-                self.last_probs = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
+            if self.want_probs:                     # softmax at the top-k: exp(l - logsumexp(l))
+                probs = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
         else:
             q = warp_probs(logits, self.sampling)
             race = torch.empty_like(q).exponential_(generator=self.generator)
             picks = torch.topk(q / race, k, dim=-1).indices                    # = k draws from q without replacement
-        return (picks if self.draft_ids is None else self.draft_ids[picks]), q
+        return (picks if self.draft_ids is None else self.draft_ids[picks]), q, probs
 
     def _full_q(self, q: torch.Tensor) -> torch.Tensor:
         """q [Vd] over the draft vocabulary -> [V] over the full vocabulary, zero outside the draft vocabulary."""
@@ -111,9 +118,9 @@ class Drafter:
 
     def note_probs(self, level, probs: torch.Tensor) -> None:
         """After pick for one depth: probs [P, R] of its proposals -> node_probs of the level's nodes."""
-        if self.node_probs is not None and probs is not None:
-            parent_p = self.node_probs[level.parents[level.parent_slot]]
-            self.node_probs[level.nodes] = parent_p * probs[level.parent_slot, level.ranks].float().cpu()
+        if self._node_probs is not None and probs is not None:
+            parent_p = self._node_probs[level.parents[level.parent_slot]]
+            self._node_probs[level.nodes] = parent_p * probs[level.parent_slot, level.ranks].float().cpu()
 
     def all_heads_logits(self, depth: int) -> torch.Tensor:
         """Heads 0..depth-1 on h_t alone (no path: Medusa) -> [depth, Vd]."""
@@ -123,11 +130,11 @@ class Drafter:
         return torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
 
     def draft(self, root: int, buf):
-        """Tree tokens [N] for buffers `buf` (node 0 = root) and draft_q(node) -> q [V] of its children (or None)."""
+        """-> (tree tokens [N] for buffers `buf` (node 0 = root), draft_q(node) -> q [V] of its children or None,
+        node_probs [N] with want_probs (greedy and typical drafts) or None)."""
         tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=self.h.device)
         tokens[0] = root
-        self.node_probs = torch.ones(buf.num_tokens) if self.track_probs else None
-        if not buf.levels:
-            return tokens, None
-        q_of = self.family.draft(self, tokens, buf)                                  # parent -> q [Vd]
-        return tokens, ((lambda node: self._full_q(q_of[node])) if q_of else None)
+        self._node_probs = torch.ones(buf.num_tokens) if self.want_probs and not self.sampling.samples_drafts else None
+        q_of = self.family.draft(self, tokens, buf) if buf.levels else {}            # parent -> q [Vd]
+        node_probs, self._node_probs = self._node_probs, None
+        return tokens, ((lambda node: self._full_q(q_of[node])) if q_of else None), node_probs

@@ -1,8 +1,7 @@
 """Prompt lookup decoding in our own decoder: drafts copied from the context, verified by the same step as the heads.
 
-    from models.engine.decoding import generate
-    from models.engine.prompt_lookup import PromptLookupDrafter
-    drafter = PromptLookupDrafter(num_tokens=8, max_ngram=3, min_ngram=2, tokens_per_ngram=3)   # the cpu profile's
+    drafter = make_drafter({"kind": "prompt_lookup", "num_tokens": 8, "max_ngram": 3, "min_ngram": 2,
+                            "tokens_per_ngram": 3})                              # the cpu profile's
     res = generate(model, tok, input_ids, drafter=drafter)
 
 Drafting (prompt lookup decoding, the idea behind transformers' `prompt_lookup_num_tokens`): the
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.trees import TreeBuffers, chain_tree
 
 
@@ -77,7 +77,8 @@ class NgramIndex:
 
 
 class PromptLookupDrafter:
-    """A drafter for models.engine.decoding.decode_step: a chain of context tokens per step (no model involved).
+    """A chain of context tokens per step (no model involved); each Draft's extras["ngram"] is the length of
+    the n-gram it matched (0: none).
 
     num_tokens: longest chain; tokens_per_ngram: a match of n tokens proposes at most tokens_per_ngram * n
     (None: always up to num_tokens); n-grams from max_ngram down to min_ngram are looked up."""
@@ -93,7 +94,6 @@ class PromptLookupDrafter:
         self.index = NgramIndex(max_ngram)
         self.device = torch.device("cpu")
         self._chains: dict[int, TreeBuffers] = {}
-        self.last_ngram = 0                         # the n-gram length the last draft matched (0: none)
 
     def chain(self, m: int) -> TreeBuffers:
         """Buffers of a chain of m drafts below the root (m = 0: the root alone)."""
@@ -101,21 +101,20 @@ class PromptLookupDrafter:
             self._chains[m] = TreeBuffers.build(chain_tree(m, name=f"lookup{m}"))
         return self._chains[m]
 
-    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """input_ids: [T] the prompt; hidden: [T, h] (unused: the drafts come from the tokens alone)."""
+    def start(self, ctx: DraftContext) -> None:
+        """The prompt's tokens (its hidden states are unused: the drafts come from the tokens alone)."""
         self.index = NgramIndex(self.max_ngram)
-        self.index.extend(input_ids.tolist())
-        self.device = input_ids.device
+        self.index.extend(ctx.input_ids.tolist())
+        self.device = ctx.input_ids.device
 
-    def draft(self, root: int, max_depth: int):
-        """-> (chain buffers, tokens [m+1] root first, draft_q = None: deterministic drafts)."""
+    def draft(self, root: int, max_depth: int) -> Draft:
+        """A chain of m drafts below the root; no draft_q: the drafts are deterministic."""
         self.index.extend([root])                  # the root is part of the context it drafts from
         n, start = self.index.longest_match(self.min_ngram)
-        self.last_ngram = n
         m = min(self.num_tokens, max_depth, n * (self.tokens_per_ngram or self.num_tokens))
         drafts = self.index.copy_from(start, m) if n and m > 0 else []
         tokens = torch.tensor([root, *drafts], dtype=torch.long, device=self.device)
-        return self.chain(len(drafts)), tokens, None
+        return Draft(self.chain(len(drafts)), tokens, extras={"ngram": n})
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         """tokens: the accepted path (root first; the root is already in the context)."""
@@ -126,3 +125,10 @@ class PromptLookupDrafter:
         kept = self.index.tokens[:position]
         self.index = NgramIndex(self.max_ngram)
         self.index.extend(kept)
+
+
+@register_drafter("prompt_lookup")
+def build(spec: dict, **_) -> PromptLookupDrafter:
+    """spec: num_tokens, max_ngram, min_ngram, tokens_per_ngram (PromptLookupDrafter's defaults for those left out)."""
+    return PromptLookupDrafter(**{k: spec[k] for k in ("num_tokens", "max_ngram", "min_ngram", "tokens_per_ngram")
+                                  if k in spec})

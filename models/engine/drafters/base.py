@@ -1,0 +1,86 @@
+"""The drafter protocol, what a draft carries, and the registry `make_drafter` builds drafters from.
+
+    drafter = make_drafter({"kind": "heads", "tree": spec}, heads=heads)       # models/engine/drafters/tree.py
+    drafter = make_drafter({"kind": "prompt_lookup", "num_tokens": 8})        # .../prompt_lookup.py
+    res = generate(model, tok, ids, drafter=drafter)                          # None: the autoregressive baseline
+
+A drafter (StepDrafter) is driven by the decode step (models/engine/decoding.py) through four calls:
+    start(ctx)                          after the prefill: DraftContext (prompt ids, hidden states, sampling, generator)
+    draft(root, max_depth) -> Draft     the tree below `root`, no deeper than max_depth (N = 1: a plain step)
+    advance(hidden, tokens, position)   the accepted path's base hidden states [m, h] and tokens (root first),
+                                        now at positions position .. position + m - 1
+    rewind(position)                    forget every position from `position` on (timing, tests)
+Everything a caller may want from a step comes back in the Draft; nothing is set on a drafter from outside.
+A new drafter is one module: a class with those four methods and a builder registered with
+@register_drafter("kind"), imported in models/engine/drafters/__init__.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from models.engine.acceptance import SamplingConfig
+from models.engine.trees import TreeBuffers
+
+DraftQ = Callable[[int], torch.Tensor] | None     # draft_q(node) -> q [V] of the node's children, or None
+
+
+@dataclass
+class Draft:
+    """One step's proposal. node_probs: the drafter's probability that each node is accepted (the product of
+    its proposal probabilities along the path, root 1), when the drafter was built to report it; extras:
+    what else a drafter reports (prompt lookup: {"ngram": length of the matched n-gram})."""
+    buf: TreeBuffers
+    tokens: torch.Tensor                          # [N], node 0 = the root
+    draft_q: DraftQ = None                        # sampled drafts: node -> q [V] of its children
+    node_probs: torch.Tensor | None = None        # [N] float, root 1
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.buf.num_tokens - 1
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may read when decoding starts."""
+    input_ids: torch.Tensor                       # [T] the prompt
+    hidden: torch.Tensor                          # [T, h] its base hidden states
+    sampling: SamplingConfig
+    generator: torch.Generator | None = None
+
+
+class StepDrafter(Protocol):
+    def start(self, ctx: DraftContext) -> None: ...
+    def draft(self, root: int, max_depth: int) -> Draft: ...
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None: ...
+    def rewind(self, position: int) -> None: ...
+
+
+DRAFTERS: dict[str, Callable[..., StepDrafter]] = {}
+
+
+def register_drafter(kind: str):
+    """@register_drafter("kind") on a builder(spec: dict, **parts) -> StepDrafter."""
+    def add(builder):
+        if kind in DRAFTERS:
+            raise ValueError(f"a drafter kind {kind!r} is already registered")
+        DRAFTERS[kind] = builder
+        return builder
+    return add
+
+
+def make_drafter(spec, **parts) -> StepDrafter | None:
+    """A drafter from its spec (a mapping with "kind" and that kind's settings; "none" or None: no drafter) and
+    the parts it needs that a config cannot hold (heads=..., lookup=...)."""
+    if spec is None:
+        return None
+    spec = dict(spec)
+    kind = spec.pop("kind", None)
+    if kind == "none":
+        return None
+    if kind not in DRAFTERS:
+        raise ValueError(f"drafter kind {kind!r} is not known; registered: {', '.join(sorted(DRAFTERS))}")
+    return DRAFTERS[kind](spec, **parts)

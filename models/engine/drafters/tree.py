@@ -1,0 +1,57 @@
+"""Draft heads on a fixed tree, optionally cut per step by cost (tree=optimal, sparse64, chain4, dynamic).
+
+    drafter = make_drafter({"kind": "heads", "tree": spec, "step_cost": costs}, heads=heads)
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.cut import checked_step_costs, cut_by_cost
+from models.engine.drafters.heads import HeadsDrafter
+from models.engine.trees import TreeBuffers, TreeSpec
+
+
+class TreeDrafter:
+    """The heads' proposals on a fixed tree, cut to max_depth near the limits.
+
+    step_cost (relative cost of a step verifying 1, 2, ... tokens; e.g. the latency profile): every step keeps
+    only the drafted nodes that pay for their verify cost by the heads' own probabilities (cut_by_cost; no node:
+    a plain 1-token step). Greedy and typical acceptance only: sampled drafts keep the whole tree (their
+    acceptance rule needs every draw below a parent). want_probs: every Draft carries node_probs."""
+
+    def __init__(self, heads, tree: TreeSpec | TreeBuffers, step_cost: list[float] | None = None,
+                 want_probs: bool = False):
+        spec = tree.spec if isinstance(tree, TreeBuffers) else tree
+        spec.check_heads(heads.config.num_heads)
+        self.buf = TreeBuffers.build(spec)
+        self.step_cost = checked_step_costs(step_cost)
+        self.heads_drafter = HeadsDrafter(heads, want_probs=want_probs or self.step_cost is not None)
+        self.cutting = False
+
+    def start(self, ctx: DraftContext) -> None:
+        self.heads_drafter.start(ctx.hidden, ctx.sampling, ctx.generator)
+        self.cutting = self.step_cost is not None and not ctx.sampling.samples_drafts
+
+    def draft(self, root: int, max_depth: int) -> Draft:
+        buf = self.buf.to_depth(max_depth)
+        tokens, draft_q, probs = self.heads_drafter.draft(root, buf)
+        if self.cutting and buf.num_tokens > 1:
+            keep = cut_by_cost(probs.tolist(), self.step_cost)
+            if len(keep) < buf.num_tokens:
+                buf, tokens, probs = buf.subtree(keep), tokens[list(keep)], probs[list(keep)]
+        return Draft(buf, tokens, draft_q, probs)
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        self.heads_drafter.advance(hidden, position)
+
+    def rewind(self, position: int) -> None:
+        self.heads_drafter.rewind(position)
+
+
+@register_drafter("heads")
+def build(spec: dict, heads=None, **_) -> TreeDrafter:
+    """spec: tree (TreeSpec or TreeBuffers), step_cost (optional), want_probs (optional); heads: DraftHeads."""
+    if heads is None or spec.get("tree") is None:
+        raise ValueError("a heads drafter needs heads=... and a tree in its spec")
+    return TreeDrafter(heads, spec["tree"], spec.get("step_cost"), bool(spec.get("want_probs", False)))
