@@ -24,7 +24,8 @@ from models.heads import ADAPTER_DIR, load_heads
 from models.measure.benchmark import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
 from pipelines.common import load_model, log, stage, write_json
-from pipelines.evaluate import resolve_tree, step_cost_for, stop_token_ids, tree_config
+from pipelines.evaluate import stop_token_ids
+from pipelines.methods import resolve_tree, step_cost_for, tree_config
 
 
 @stage

@@ -168,7 +168,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
     from models.heads import ADAPTER_DIR, HeadsConfig, build_heads, load_heads
     from models.engine.drafters import make_drafter
-    from pipelines.evaluate import pld_settings, resolve_tree, tree_config
+    from pipelines.methods import pld_settings, resolve_tree, tree_config
 
     prepare_for_decoding(model)
     methods = []

@@ -37,15 +37,11 @@ when it changes the folder is discarded. A cut-off or foreign record file is red
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
-import copy
-import dataclasses
 import hashlib
 import json
 import os
 import platform
 import random
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,170 +49,17 @@ import transformers
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from tqdm import tqdm
 
-from models.measure.latency import relative_step_costs
-from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, first_difference, greedy_margin,
-                              load_questions, prompt_lookup_generate, rotated, speedup_on_questions_of, spread,
-                              summarize_method, token_agreement)
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads import ADAPTER_DIR, load_heads
-from models.engine.drafters import StepDrafter, make_drafter
-from models.engine.trees import TreeSpec, tree_from_config
-from pipelines.common import REPO_ROOT, atomic_file, file_sha256, load_model, log, mlflow_run, stage, write_json
+from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, load_questions,
+                                      prompt_lookup_generate, rotated, speedup_on_questions_of, summarize_method,
+                                      token_agreement)
+from models.measure.lossless import LosslessnessError, check_lossless, failure_message
+from models.measure.records import QuestionResult, RecordStore, file_digest
+from models.measure.stage_metrics import metrics_of
+from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.deps import code_digest
-
-METHOD_MODES = ("auto", "all", "selected")
-
-
-class LosslessnessError(RuntimeError):
-    """A greedy method produced tokens that differ from its autoregressive reference."""
-
-
-@dataclass
-class Method:
-    name: str
-    kind: str                      # baseline | heads | pld | pld_hf | reference
-    model: object
-    heads: object = None
-    tree: TreeSpec | None = None
-    heads_name: str | None = None
-    family: str | None = None
-    reference: str | None = None   # the method whose greedy tokens this one must reproduce
-    tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
-    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
-    lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
-                "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
-                "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup}
-
-
-# -- 1) which methods ----------------------------------------------------------------------------
-@dataclass
-class Selection:
-    mode: str                      # all | selected
-    tag: str                       # results/eval/<tag>/
-    metrics_name: str              # reports/metrics/<metrics_name>.json
-    heads: list[str]               # heads names (results/heads/<name>)
-    trees: list[str | None]        # tree names; None = this config's own tree
-
-
-def selection(cfg: DictConfig) -> Selection:
-    """What to run: eval.methods = all | selected, or auto (conf/eval/mtbench.yaml's eval.tag rule)."""
-    methods = cfg.eval.methods
-    if methods not in METHOD_MODES:
-        raise ValueError(f"eval.methods={methods!r} is not known; use one of {list(METHOD_MODES)}")
-    mode = methods if methods != "auto" else ("all" if cfg.eval.tag == "all" else "selected")
-    if mode == "all":
-        return Selection("all", "all", "evaluate", list(cfg.profile.eval.families), list(cfg.profile.eval.trees))
-    tag = f"{cfg.heads.name}-{cfg.tree.name}"
-    heads = [] if cfg.heads.get("family") == "none" else [cfg.heads.name]
-    return Selection("selected", tag, f"evaluate_{tag}", heads, [None])
-
-
-def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict:
-    """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
-    if tree_name is None:
-        return OmegaConf.to_container(cfg.tree, resolve=True)
-    path = REPO_ROOT / "conf" / "tree" / f"{tree_name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ValueError(f"profile.eval.trees names {tree_name!r} but there is no conf/tree/{tree_name}.yaml; known: {known}")
-    node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": OmegaConf.load(path)})
-    return OmegaConf.to_container(node, resolve=True)["tree"]
-
-
-def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list[float] | None:
-    """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None; for steps
-    of up to the tree's tokens + extra_tokens (a lookup branch's)."""
-    source = tree_cfg.get("cut_by_cost")
-    if not source:
-        return None
-    path = Path(str(source))
-    if not path.is_file():
-        raise FileNotFoundError(f"tree {tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written by "
-                                "`python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
-    prof = json.loads(path.read_text())
-    return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"],
-                               tree.num_nodes + 1 + extra_tokens)
-
-
-def pld_settings(cfg: DictConfig) -> dict:
-    """Our prompt lookup's settings (eval.prompt_lookup.pld): method `pld`, and the branch of a lookup tree."""
-    pld = cfg.eval.prompt_lookup.pld
-    return {"num_tokens": int(pld.num_tokens), "max_ngram": int(pld.max_ngram), "min_ngram": int(pld.min_ngram),
-            "tokens_per_ngram": None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram)}
-
-
-def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
-    """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
-    if method.kind == "pld":
-        return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
-    if method.kind != "heads":
-        return None
-    if method.lookup:
-        return make_drafter({"kind": "heads_lookup", "tree": method.tree, "lookup": pld_settings(cfg),
-                             "step_cost": method.step_cost}, heads=method.heads)
-    return make_drafter({"kind": "heads", "tree": method.tree, "step_cost": method.step_cost}, heads=method.heads)
-
-
-def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
-    """A resolved conf/tree option -> (its tree, the step costs it is cut with or None, whether prompt lookup's
-    chain joins it). A tree cut per step or grown by a lookup branch is named by the option: the file it reads
-    (the calibrated tree of optimal or dynamic) is only where it starts."""
-    tree = tree_from_config(tree_cfg)
-    lookup = bool(tree_cfg.get("lookup"))
-    if tree_cfg.get("cut_by_cost") or lookup:
-        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or option))
-    extra = int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0
-    return tree, step_cost_for(tree_cfg, tree, extra), lookup
-
-
-def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
-    methods = [Method("baseline", "baseline", model)]
-    for name in sel.heads:
-        folder = Path(cfg.paths.results) / "heads" / name
-        adapted = (folder / ADAPTER_DIR).is_dir()
-        # a LoRA adapter is merged into the backbone: give it its own copy and its own AR reference
-        base, heads = load_heads(folder, copy.deepcopy(model) if adapted else model)
-        reference = f"baseline-{name}" if adapted else "baseline"
-        if adapted:
-            methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
-                                  reference=None))
-        for tree_name in sel.trees:
-            tree_option = tree_name or cfg.tree.name
-            tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
-            tree.check_heads(heads.config.num_heads)
-            methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
-                                  reference, tree_option, step_cost, lookup))
-    if cfg.eval.prompt_lookup.enabled:
-        methods += [Method("pld", "pld", model, reference="baseline"),
-                    Method("pld_hf", "pld_hf", model, reference="baseline")]
-    # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
-    # too; after the LoRA merges, which change the weights
-    for m in {id(m.model): m.model for m in methods}.values():
-        log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
-    for m in methods:
-        if m.heads is not None:
-            prepare_heads_for_decoding(m.heads)
-    return methods
-
-
-def tree_question_limits(cfg: DictConfig) -> dict:
-    """profile.eval.tree_questions as a dict {tree option: number of questions} ({} when unset)."""
-    node = cfg.profile.eval.get("tree_questions")
-    return {} if node is None else OmegaConf.to_container(node)
-
-
-def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[str, set[int]]:
-    """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions."""
-    limits = tree_question_limits(cfg)
-    subsets = {}
-    for m in methods:
-        if m.tree_name in limits and limits[m.tree_name] is not None:
-            subsets[m.name] = {q.question_id for q in spread(questions, int(limits[m.tree_name]))}
-    return subsets
+from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
+                               tree_question_limits)
 
 
 # -- 2) running one turn ---------------------------------------------------------------------------
@@ -252,28 +95,8 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-# -- 3) per-question results: what a killed run keeps ---------------------------------------------------
+# -- 3) what stored results belong to ------------------------------------------------------------
 RECORDS_LAYOUT = 1     # bump when a stored result's layout changes: older ones are then redone
-
-
-@dataclass
-class QuestionResult:
-    """One question in one run, all its methods: records[method] = its TurnRecords in turn order, prompts[t - 1]
-    = turn t's input ids, answers = the baseline's answer texts (the history a later turn sees)."""
-    records: dict[str, list[TurnRecord]]
-    prompts: list[list[int]]
-    answers: list[str]
-
-
-def file_digest(path: Path) -> str | None:
-    """sha256 of a file, or of every file under a folder with its relative name; None when it does not exist."""
-    if not path.exists():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
-        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        file_sha256(f, h)
-    return h.hexdigest()[:16]
 
 
 def plain(node):
@@ -301,63 +124,6 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads()}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
-
-class RecordStore:
-    """Finished (run, question) results as <folder>/r<run>-q<id>.json, each written whole (a temporary file,
-    fsync, rename) as soon as its question is done, and manifest.json with the fingerprint they belong to.
-    A new fingerprint discards the folder; a file that does not read back as a complete result of this
-    fingerprint is redone; a temporary file is never read."""
-
-    def __init__(self, folder: Path, fingerprint: str, settings: dict):
-        self.folder, self.fingerprint = Path(folder), fingerprint
-        manifest = self.folder / "manifest.json"
-        try:
-            old = json.loads(manifest.read_text()).get("fingerprint") if manifest.is_file() else None
-        except ValueError:
-            old = "unreadable"
-        if old is not None and old != fingerprint:
-            log.warning("evaluate settings, inputs or code changed (fingerprint %s -> %s): discarding the results "
-                        "in %s", old, fingerprint, self.folder)
-            shutil.rmtree(self.folder)
-        write_json(manifest, {"fingerprint": fingerprint, "settings": settings})
-
-    def path(self, run: int, qid: int) -> Path:
-        return self.folder / f"r{run}-q{qid}.json"
-
-    def save(self, run: int, qid: int, result: QuestionResult) -> None:
-        body = {"fingerprint": self.fingerprint, "run": run, "question_id": qid, "prompts": result.prompts,
-                "answers": result.answers,
-                "records": {m: [r.as_dict(with_tokens=True) for r in recs] for m, recs in result.records.items()}}
-        with atomic_file(self.path(run, qid), fsync=True) as f:  # the result is either complete or absent
-            f.write(json.dumps(body))
-
-    def load(self, run: int, qid: int, methods: list[str], turns: int) -> QuestionResult | None:
-        """The stored result when it is complete and this fingerprint's, else None (logged: it is redone)."""
-        path = self.path(run, qid)
-        if not path.is_file():
-            return None
-        try:
-            body = json.loads(path.read_text())
-            result = QuestionResult({m: [TurnRecord.from_dict(r) for r in recs] for m, recs in body["records"].items()},
-                                    body["prompts"], body["answers"])
-            problem = self.problem(body, result, run, qid, methods, turns)
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            problem = f"unreadable ({type(err).__name__}: {err})"
-        if problem:
-            log.warning("evaluate: %s is %s; redoing run %d question %d", path, problem, run, qid)
-            return None
-        return result
-
-    def problem(self, body: dict, result: QuestionResult, run: int, qid: int, methods: list[str], turns: int):
-        if body["fingerprint"] != self.fingerprint or (body["run"], body["question_id"]) != (run, qid):
-            return "another run's or settings' result"
-        if sorted(result.records) != sorted(methods) or len(result.prompts) != turns or len(result.answers) != turns:
-            return f"incomplete (methods {sorted(result.records)}, {len(result.prompts)} turns)"
-        for name, recs in result.records.items():
-            if [(r.turn, r.run, r.question_id, r.method, r.new_tokens) for r in recs] != \
-                    [(t, run, qid, name, len(r.tokens)) for t, r in enumerate(recs, 1)]:
-                return f"inconsistent (method {name})"
-        return None
 
 
 # -- 4) the benchmark loop -------------------------------------------------------------------------
@@ -436,56 +202,6 @@ def _speed_postfix(records: dict, run: int) -> str:
     return f"base {b:.1f} tok/s" + (f", best {best} {tps[best] / b:.2f}x" if best and base else "")
 
 
-# -- 5) losslessness -------------------------------------------------------------------------------
-def check_lossless(methods: list[Method], records: dict, prompts: dict, tolerance: float) -> dict:
-    """Every greedy turn of every method against its reference's tokens (the baseline, or the AR run of
-    the same adapted backbone). Mismatches at a float tie (|logit gap| <= tolerance) are reported apart."""
-    by_name = {m.name: m for m in methods}
-    report = {"passed": True, "tie_tolerance": tolerance, "methods": {}, "failures": [], "ties": [],
-              "skipped_sampled_turns": 0}
-    for m in methods:
-        if m.reference is None:
-            continue
-        ref_model = by_name[m.reference].model
-        stats = {"reference": m.reference, "checked_turns": 0, "identical": 0, "ties": 0, "failures": 0}
-        for run, (recs, ref_recs) in enumerate(zip(records[m.name], records[m.reference])):
-            ref_by_key = {(r.question_id, r.turn): r for r in ref_recs}
-            for rec in recs:
-                if rec.temperature > 0:
-                    report["skipped_sampled_turns"] += 1
-                    continue
-                ref = ref_by_key[(rec.question_id, rec.turn)]
-                stats["checked_turns"] += 1
-                pos = first_difference(ref.tokens, rec.tokens)
-                if pos is None:
-                    stats["identical"] += 1
-                    continue
-                got = rec.tokens[pos] if pos < len(rec.tokens) else None
-                margin = greedy_margin(ref_model, prompts[(run, rec.question_id, rec.turn)], ref.tokens, pos, got)
-                entry = {"question_id": rec.question_id, "turn": rec.turn, "run": run, "method": m.name,
-                         "reference": m.reference, "position": pos,
-                         "expected_token": ref.tokens[pos] if pos < len(ref.tokens) else None, "got_token": got,
-                         "expected_length": len(ref.tokens), "got_length": len(rec.tokens), "logit_margin": margin}
-                if margin is not None and abs(margin) <= tolerance:
-                    stats["ties"] += 1
-                    report["ties"].append(entry)
-                else:
-                    stats["failures"] += 1
-                    report["failures"].append(entry)
-        report["methods"][m.name] = stats
-    report["passed"] = not report["failures"]
-    return report
-
-
-def failure_message(report: dict) -> str:
-    lines = [f"losslessness check failed: {len(report['failures'])} greedy turn(s) differ from their reference"]
-    for f in report["failures"][:10]:
-        lines.append(f"  question {f['question_id']} turn {f['turn']} (run {f['run']}): method {f['method']} differs "
-                     f"from {f['reference']} first at new-token position {f['position']} (expected "
-                     f"{f['expected_token']}, got {f['got_token']}; lengths {f['expected_length']} vs {f['got_length']})")
-    return "\n".join(lines)
-
-
 # -- 6) summaries and files ------------------------------------------------------------------------
 def hardware(device: str) -> str:
     if device.startswith("cuda"):
@@ -524,44 +240,6 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
     write_json(out / "lossless_report.json", lossless)
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics_of(summary, lossless))
     return summary
-
-
-def metrics_of(summary: dict, lossless: dict) -> dict:
-    """reports/metrics/evaluate*.json: per method both speedups, and the stronger prompt lookup (pld or
-    pld_hf, by end-to-end speedup) that "beats prompt lookup" is judged against."""
-    base = summary["methods"]["baseline"]
-    def ci(s, key):
-        return (s.get("intervals") or {}).get(key, {}).get("ci")
-
-    def alt(s, key):
-        e = (s.get("intervals") or {}).get(key) or {}
-        return {"value": e.get("value"), "ci": e.get("ci")}
-
-    methods = {n: {"speedup": s["speedup"]["mean"], "speedup_ci": ci(s, "speedup"), "speedup_std": s["speedup"]["std"],
-                   "decode_speedup": s["decode_speedup"]["mean"], "decode_speedup_ci": ci(s, "decode_speedup"),
-                   "decode_speedup_std": s["decode_speedup"]["std"],
-                   "speedup_mean_of_ratios": alt(s, "mean_of_ratios"), "speedup_pooled": alt(s, "pooled"),
-                   "accept_length": s["accept_length"]["mean"], "accept_length_ci": ci(s, "accept_length"),
-                   "tokens_per_s": s["throughput"]["mean"],
-                   "decode_tokens_per_s": s["decode_throughput"]["mean"], "questions": s["questions"],
-                   "per_category_speedup": {c: v["speedup"]["mean"] for c, v in (s.get("per_category") or {}).items()},
-                   **({"pld_speedups": s["pld_speedups"]} if "pld_speedups" in s else {}),
-                   **({"agreement_with_base": s["agreement_with_base"]} if "agreement_with_base" in s else {})}
-               for n, s in summary["methods"].items() if n != "baseline"}
-    plds = [n for n, s in summary["methods"].items()
-            if s["kind"] in ("pld", "pld_hf") and s["speedup"]["mean"] is not None]
-    best = max(plds, key=lambda n: summary["methods"][n]["speedup"]["mean"], default=None)
-    return {"tag": summary["tag"], "lossless": lossless["passed"],
-            "lossless_checked_turns": sum(v["checked_turns"] for v in lossless.get("methods", {}).values()),
-            "interval": "95% percentile bootstrap over questions (10,000 resamples); speedup: mean per-question "
-                        "throughput over the baseline's (Spec-Bench), speedup_mean_of_ratios: mean of per-question "
-                        "ratios, speedup_pooled: summed tokens over summed time",
-            "num_questions": summary["settings"]["num_questions"],
-            "max_new_tokens": summary["settings"]["max_new_tokens"],
-            "baseline_tokens_per_s": base["throughput"]["mean"],
-            "baseline_decode_tokens_per_s": base["decode_throughput"]["mean"],
-            "strongest_pld": best and {"method": best, **{k: methods[best][k] for k in ("speedup", "decode_speedup")}},
-            "methods": methods}
 
 
 def check_protocol(cfg: DictConfig) -> None:

@@ -26,7 +26,7 @@ from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.engine.drafters import make_drafter
-from pipelines.evaluate import pld_settings, resolve_tree
+from pipelines.methods import pld_settings, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
 GREEN, RESET = "\033[32m", "\033[0m"

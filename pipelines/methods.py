@@ -1,0 +1,172 @@
+"""Which methods an evaluation runs, and the drafter each decodes with (used by evaluate, generate and the benches).
+
+    sel = selection(cfg)                       # all: profile.eval.families x profile.eval.trees; selected: heads x tree
+    methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, pld, pld_hf, baseline-<adapted heads>
+    drafter = drafter_for(method, cfg)         # a fresh drafter for one answer (None: the baseline)
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from models.engine.drafters import StepDrafter, make_drafter
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.trees import TreeSpec, tree_from_config
+from models.heads import ADAPTER_DIR, load_heads
+from models.measure.benchmark import spread
+from models.measure.latency import relative_step_costs
+from pipelines.common import REPO_ROOT, log
+
+METHOD_MODES = ("auto", "all", "selected")
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str                      # baseline | heads | pld | pld_hf | reference
+    model: object
+    heads: object = None
+    tree: TreeSpec | None = None
+    heads_name: str | None = None
+    family: str | None = None
+    reference: str | None = None   # the method whose greedy tokens this one must reproduce
+    tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
+    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
+    lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
+                "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
+                "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup}
+
+
+# -- 1) which methods ----------------------------------------------------------------------------
+@dataclass
+class Selection:
+    mode: str                      # all | selected
+    tag: str                       # results/eval/<tag>/
+    metrics_name: str              # reports/metrics/<metrics_name>.json
+    heads: list[str]               # heads names (results/heads/<name>)
+    trees: list[str | None]        # tree names; None = this config's own tree
+
+
+def selection(cfg: DictConfig) -> Selection:
+    """What to run: eval.methods = all | selected, or auto (conf/eval/mtbench.yaml's eval.tag rule)."""
+    methods = cfg.eval.methods
+    if methods not in METHOD_MODES:
+        raise ValueError(f"eval.methods={methods!r} is not known; use one of {list(METHOD_MODES)}")
+    mode = methods if methods != "auto" else ("all" if cfg.eval.tag == "all" else "selected")
+    if mode == "all":
+        return Selection("all", "all", "evaluate", list(cfg.profile.eval.families), list(cfg.profile.eval.trees))
+    tag = f"{cfg.heads.name}-{cfg.tree.name}"
+    heads = [] if cfg.heads.get("family") == "none" else [cfg.heads.name]
+    return Selection("selected", tag, f"evaluate_{tag}", heads, [None])
+
+
+def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict:
+    """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
+    if tree_name is None:
+        return OmegaConf.to_container(cfg.tree, resolve=True)
+    path = REPO_ROOT / "conf" / "tree" / f"{tree_name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"profile.eval.trees names {tree_name!r} but there is no conf/tree/{tree_name}.yaml; known: {known}")
+    node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": OmegaConf.load(path)})
+    return OmegaConf.to_container(node, resolve=True)["tree"]
+
+
+def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list[float] | None:
+    """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None; for steps
+    of up to the tree's tokens + extra_tokens (a lookup branch's)."""
+    source = tree_cfg.get("cut_by_cost")
+    if not source:
+        return None
+    path = Path(str(source))
+    if not path.is_file():
+        raise FileNotFoundError(f"tree {tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written by "
+                                "`python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
+    prof = json.loads(path.read_text())
+    return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"],
+                               tree.num_nodes + 1 + extra_tokens)
+
+
+def pld_settings(cfg: DictConfig) -> dict:
+    """Our prompt lookup's settings (eval.prompt_lookup.pld): method `pld`, and the branch of a lookup tree."""
+    pld = cfg.eval.prompt_lookup.pld
+    return {"num_tokens": int(pld.num_tokens), "max_ngram": int(pld.max_ngram), "min_ngram": int(pld.min_ngram),
+            "tokens_per_ngram": None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram)}
+
+
+def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
+    """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
+    if method.kind == "pld":
+        return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
+    if method.kind != "heads":
+        return None
+    if method.lookup:
+        return make_drafter({"kind": "heads_lookup", "tree": method.tree, "lookup": pld_settings(cfg),
+                             "step_cost": method.step_cost}, heads=method.heads)
+    return make_drafter({"kind": "heads", "tree": method.tree, "step_cost": method.step_cost}, heads=method.heads)
+
+
+def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
+    """A resolved conf/tree option -> (its tree, the step costs it is cut with or None, whether prompt lookup's
+    chain joins it). A tree cut per step or grown by a lookup branch is named by the option: the file it reads
+    (the calibrated tree of optimal or dynamic) is only where it starts."""
+    tree = tree_from_config(tree_cfg)
+    lookup = bool(tree_cfg.get("lookup"))
+    if tree_cfg.get("cut_by_cost") or lookup:
+        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or option))
+    extra = int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0
+    return tree, step_cost_for(tree_cfg, tree, extra), lookup
+
+
+def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
+    methods = [Method("baseline", "baseline", model)]
+    for name in sel.heads:
+        folder = Path(cfg.paths.results) / "heads" / name
+        adapted = (folder / ADAPTER_DIR).is_dir()
+        # a LoRA adapter is merged into the backbone: give it its own copy and its own AR reference
+        base, heads = load_heads(folder, copy.deepcopy(model) if adapted else model)
+        reference = f"baseline-{name}" if adapted else "baseline"
+        if adapted:
+            methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
+                                  reference=None))
+        for tree_name in sel.trees:
+            tree_option = tree_name or cfg.tree.name
+            tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
+            tree.check_heads(heads.config.num_heads)
+            methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
+                                  reference, tree_option, step_cost, lookup))
+    if cfg.eval.prompt_lookup.enabled:
+        methods += [Method("pld", "pld", model, reference="baseline"),
+                    Method("pld_hf", "pld_hf", model, reference="baseline")]
+    # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
+    # too; after the LoRA merges, which change the weights
+    for m in {id(m.model): m.model for m in methods}.values():
+        log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
+    for m in methods:
+        if m.heads is not None:
+            prepare_heads_for_decoding(m.heads)
+    return methods
+
+
+def tree_question_limits(cfg: DictConfig) -> dict:
+    """profile.eval.tree_questions as a dict {tree option: number of questions} ({} when unset)."""
+    node = cfg.profile.eval.get("tree_questions")
+    return {} if node is None else OmegaConf.to_container(node)
+
+
+def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[str, set[int]]:
+    """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions."""
+    limits = tree_question_limits(cfg)
+    subsets = {}
+    for m in methods:
+        if m.tree_name in limits and limits[m.tree_name] is not None:
+            subsets[m.name] = {q.question_id for q in spread(questions, int(limits[m.tree_name]))}
+    return subsets
