@@ -28,13 +28,13 @@ it against the rest of the config):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import math
 import os
 import shutil
 import time
-from collections import Counter
+
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -44,12 +44,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import LearningRateMonitor
 
 from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
-from models.heads.head_data import HeadsDataset, conversation_loader, target_positions, window_loader
+from models.heads.head_data import HeadsDataset, conversation_loader, target_positions, unigram_baseline, window_loader
 from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable,
-                                   head_positions, on_gpu, resolve_precision)
+from models.heads.joint_stage import JointCurve, backbone_drift
+from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, on_gpu,
+                                   resolve_precision)
 from pipelines.deps import code_digest
 from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
 
@@ -161,14 +162,6 @@ def make_recipe(cfg: DictConfig) -> Recipe:
     return Recipe.from_dict(d, ignore=STAGE_KEYS)
 
 
-def unigram_baseline(train_labels, val_labels) -> float:
-    """Top-1 of always guessing the most frequent training target, on head 0's val targets."""
-    counts = Counter(l for labels in train_labels for l in labels[2:] if l != IGNORE_INDEX)
-    top = counts.most_common(1)[0][0]
-    targets = [l for labels in val_labels for l in labels[2:] if l != IGNORE_INDEX]
-    return sum(l == top for l in targets) / max(1, len(targets))
-
-
 def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torch.Tensor | None, float]:
     """(draft_ids [Vd] or None, share of the val answer tokens inside): the most frequent train answer tokens."""
     size = cfg.profile.train.get("draft_vocab_size")
@@ -181,10 +174,9 @@ def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torc
     return ids, coverage(ids, data["val"][1])
 
 
-def run_train(cfg: DictConfig) -> dict:
-    """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
-    cfg = with_profile_heads(cfg)
-    t0, t, h = time.time(), cfg.profile.train, cfg.heads
+def checked_recipe(cfg: DictConfig) -> Recipe:
+    """The heads' recipe, refused with the reason when the family cannot be trained with it."""
+    h = cfg.heads
     if h.family == "none":
         raise ValueError(f"heads=none has nothing to train; use heads=<one of {heads_options()}>")
     recipe = make_recipe(cfg)
@@ -192,119 +184,139 @@ def run_train(cfg: DictConfig) -> dict:
     if recipe.kind not in family.recipes:
         raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
                          f"it takes {list(family.recipes)}")
-    threads = cpu_threads(cfg)
-    if threads:
-        torch.set_num_threads(threads)
+    return recipe
+
+
+def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
+    """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
+    (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
+    t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
+    if t.get("hidden_cache", True):
+        for split, (ids, _) in data.items():
+            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids)
+            hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
+                                              desc=f"hidden cache {split}")
+    return hidden, time.time() - t0
+
+
+def make_loader(cfg: DictConfig, data: dict, hidden: dict, pad: int):
+    """loader(split, kind=None, limit=None): train on random positions of the cache (families that read one
+    position each: family.window_recipes) or shuffled length buckets; val on length buckets."""
+    h, family, batch_positions = cfg.heads, get_family(cfg.heads.family), int(cfg.profile.train.batch_positions)
+
+    def loader(split, kind=None, limit=None):
+        ids, labels = data[split]
+        n = min(len(ids), limit or len(ids))
+        cached = None if hidden[split] is None else hidden[split].first(n)
+        ds = HeadsDataset(ids[:n], labels[:n], cached)
+        if split == "train" and kind in family.window_recipes and cached is not None:
+            return window_loader(ds, int(h.num_heads), batch_positions, pad, seed=int(cfg.seed))
+        return conversation_loader(ds, batch_positions, pad, shuffle=split == "train", seed=int(cfg.seed))
+    return loader
+
+
+def trainer_settings(cfg: DictConfig) -> dict:
+    t = cfg.profile.train
+    return {"accelerator": cfg.trainer.accelerator, "devices": cfg.trainer.devices,
+            "num_nodes": int(cfg.trainer.num_nodes), "strategy": cfg.trainer.strategy,
+            "precision": trainer_precision(cfg), "accumulate_grad_batches": int(t.grad_accum),
+            "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
+            "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
+            "enable_progress_bar": bool(t.get("progress_bar", True)),
+            "use_distributed_sampler": False}   # models/heads/head_data.py's samplers shard by rank
+
+
+def train_metrics(cfg: DictConfig, recipe: Recipe, trainer, parts: dict, data: dict, vocab: tuple, final: dict,
+                  drift: dict, times: dict) -> dict:
+    """reports/metrics/train_<heads>.json. vocab: (draft_ids, val coverage); times: cache_time_s, fit_time_s,
+    wall_time_s."""
+    h, t, (draft_ids, val_coverage) = cfg.heads, cfg.profile.train, vocab
+    per_head = lambda n: {f"head{k}": round(float(final.get(f"val/top{n}_head{k}", float("nan"))), 4)  # noqa: E731
+                          for k in range(int(h.num_heads))}
+    joint = {}
+    if "stage2" in parts:
+        joint = {"joint_curve": parts["stage2"]["curve"], **drift, "joint_train_examples": min(
+            len(data["train"][0]), t.get("joint_max_train_samples") or len(data["train"][0]))}
+    return {"heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
+            "recipe": dataclasses.asdict(recipe), "dropout": float(h.dropout), "profile_overrides": profile_overrides(cfg),
+            "epochs": effective_epochs(cfg), "world_size": trainer.world_size,
+            "steps": {p: v["steps"] for p, v in parts.items()}, "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
+            "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()}, **joint,
+            "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},
+            "batch_positions": int(t.batch_positions),
+            "train_examples": len(data["train"][0]), "val_examples": len(data["val"][0]),
+            "train_targets_head0": sum(target_positions(y) for y in data["train"][1]),
+            "val_targets_head0": sum(target_positions(y) for y in data["val"][1]),
+            "draft_vocab_size": None if draft_ids is None else len(draft_ids),
+            "draft_vocab_val_coverage": round(val_coverage, 4), "val_loss": round(float(final["val/loss"]), 4),
+            "val_top1": per_head(1), "val_top5": per_head(5),
+            "baseline_unigram_top1": round(unigram_baseline(data["train"][1], data["val"][1]), 4),
+            **{k: round(v, 1) for k, v in times.items()}}
+
+
+def log_metrics(metrics: dict, out_dir: Path, path: Path) -> None:
+    import mlflow
+
+    mlflow.log_metrics({f"final_val_top{n}_head{k}": v for n in (1, 5) for k, v in enumerate(metrics[f"val_top{n}"].values())})
+    mlflow.log_metrics({"fit_time_s": metrics["fit_time_s"], "baseline_unigram_top1": metrics["baseline_unigram_top1"],
+                        "draft_vocab_val_coverage": metrics["draft_vocab_val_coverage"],
+                        **{f"{p}_positions_per_s": v for p, v in metrics["train_positions_per_s"].items()},
+                        **{f"{p}_best_epoch": v for p, v in metrics["best_epoch"].items() if v is not None}})
+    mlflow.log_artifacts(str(out_dir), artifact_path="heads")
+    mlflow.log_artifact(str(path))
+    log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f), best epoch %s, %s positions/s, draft "
+             "vocabulary %s (val coverage %.3f) in %.0f s", metrics["heads"], metrics["val_top1"], metrics["val_top5"],
+             metrics["baseline_unigram_top1"], metrics["best_epoch"], metrics["train_positions_per_s"],
+             metrics["draft_vocab_size"], metrics["draft_vocab_val_coverage"], metrics["wall_time_s"])
+
+
+def run_train(cfg: DictConfig) -> dict:
+    """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
+    cfg = with_profile_heads(cfg)
+    t0, h = time.time(), cfg.heads
+    recipe = checked_recipe(cfg)
+    if cpu_threads(cfg):
+        torch.set_num_threads(cpu_threads(cfg))
     pl.seed_everything(int(cfg.seed), workers=True)
     # each DDP rank (Lightning starts them with LOCAL_RANK set) computes on its own GPU
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu(str(cfg.trainer.accelerator)) else "cpu"
     model, tokenizer = load_model(cfg, device=device)
     model.requires_grad_(False)
-    # 1) data
-    data = load_examples(cfg)
+    data = load_examples(cfg)                                                          # 1) data
     data_key = sequences_fingerprint([s for split in data.values() for part in split for s in part])
-    # 2) draft vocabulary
-    draft_ids, val_coverage = draft_vocabulary(cfg, data, model.config.vocab_size)
-    # 3) hidden cache (Medusa-2 uses it for its heads-only stage and as the adapters-off reference)
-    hidden = {"train": None, "val": None}
-    t_cache = time.time()
-    if t.get("hidden_cache", True):
-        for split, (ids, _) in data.items():
-            key = cache_key(model, ids)
-            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / key
-            hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
-                                              desc=f"hidden cache {split}")
-    t_cache = time.time() - t_cache
-    # 4) heads and module
+    draft_ids, val_coverage = draft_vocabulary(cfg, data, model.config.vocab_size)     # 2) draft vocabulary
+    hidden, cache_s = hidden_caches(cfg, model, data)                                  # 3) hidden cache
     config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
                                   dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
                                   draft_vocab_size=None if draft_ids is None else len(draft_ids))
-    heads = build_heads(config, model, draft_ids)
+    heads = build_heads(config, model, draft_ids)                                      # 4) heads, fit
     heads.requires_grad_(True)   # the Hydra++ prefix layer is a copy of a (frozen) base layer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch_positions = int(t.batch_positions)
-
-    def loader(split, kind=None, limit=None):
-        """train: random positions (Medusa/Hydra on the cache) or shuffled length buckets; val: length buckets."""
-        ids, labels = data[split]
-        n = min(len(ids), limit or len(ids))
-        cached = None if hidden[split] is None else hidden[split].first(n)
-        ds = HeadsDataset(ids[:n], labels[:n], cached)
-        # heads that read one position each (family.window_recipes) train on random positions of the cache
-        if split == "train" and kind in family.window_recipes and cached is not None:
-            return window_loader(ds, int(h.num_heads), batch_positions, pad, seed=int(cfg.seed))
-        return conversation_loader(ds, batch_positions, pad, shuffle=split == "train", seed=int(cfg.seed))
-
-    trainer_kwargs = {"accelerator": cfg.trainer.accelerator, "devices": cfg.trainer.devices,
-                      "num_nodes": int(cfg.trainer.num_nodes), "strategy": cfg.trainer.strategy,
-                      "precision": trainer_precision(cfg), "accumulate_grad_batches": int(t.grad_accum),
-                      "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
-                      "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
-                      "enable_progress_bar": bool(t.get("progress_bar", True)),
-                      "use_distributed_sampler": False}   # models/heads/head_data.py's samplers shard by rank
-    ckpt_root = Path(cfg.paths.results) / "checkpoints" / h.name
-    epochs = effective_epochs(cfg)
-    every = t.get("checkpoint_every_n_steps")
-    out_dir = Path(cfg.paths.results) / "heads" / h.name
+    loader = make_loader(cfg, data, hidden, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    ckpt_root, out_dir = Path(cfg.paths.results) / "checkpoints" / h.name, Path(cfg.paths.results) / "heads" / h.name
+    fit = functools.partial(fit_family, cfg, heads, model, recipe, loader, ckpt_root, data_key, effective_epochs(cfg),
+                            trainer_settings(cfg))
+    every = cfg.profile.train.get("checkpoint_every_n_steps")
     if not is_global_zero():
         # DDP/FSDP ranks > 0 (Lightning re-runs this script with LOCAL_RANK/NODE_RANK set): train, log and save nothing
-        module, trainer, parts = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
-                                            trainer_kwargs, False, [], every)
+        module, trainer, _ = fit(False, [], every)
         trainer.validate(module, loader("val"), verbose=False)
         return {}
     with mlflow_run(cfg, "train", run_name=f"train-{h.name}") as run:
-        import mlflow
         from pytorch_lightning.loggers import MLFlowLogger
 
         logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, run_id=run.info.run_id,
                               tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow.tracking_uri)
-        cbs = [LearningRateMonitor(logging_interval="step")]
         t_fit = time.time()
-        module, trainer, parts = fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs,
-                                            trainer_kwargs, logger, cbs, every)
+        module, trainer, parts = fit(logger, [LearningRateMonitor(logging_interval="step")], every)
         t_fit = time.time() - t_fit
         # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
         drift = backbone_drift(module, data, device) if module.joint_backbone else {}
         save_heads(heads, module if module.joint_backbone else None, out_dir)
-        metrics = {
-            "heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
-            "recipe": dataclasses.asdict(recipe), "dropout": float(h.dropout),
-            "profile_overrides": profile_overrides(cfg),
-            "epochs": epochs, "world_size": trainer.world_size, "steps": {p: v["steps"] for p, v in parts.items()},
-            "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
-            "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()},
-            **({"joint_curve": parts["stage2"]["curve"], "joint_train_examples": min(
-                len(data["train"][0]), t.get("joint_max_train_samples") or len(data["train"][0])), **drift}
-               if "stage2" in parts else {}),
-            "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},
-            "batch_positions": batch_positions,
-            "train_examples": len(data["train"][0]), "val_examples": len(data["val"][0]),
-            "train_targets_head0": sum(target_positions(y) for y in data["train"][1]),
-            "val_targets_head0": sum(target_positions(y) for y in data["val"][1]),
-            "draft_vocab_size": None if draft_ids is None else len(draft_ids),
-            "draft_vocab_val_coverage": round(val_coverage, 4),
-            "val_loss": round(float(final["val/loss"]), 4),
-            "val_top1": {f"head{k}": round(float(final.get(f"val/top1_head{k}", float("nan"))), 4)
-                         for k in range(int(h.num_heads))},
-            "val_top5": {f"head{k}": round(float(final.get(f"val/top5_head{k}", float("nan"))), 4)
-                         for k in range(int(h.num_heads))},
-            "baseline_unigram_top1": round(unigram_baseline(data["train"][1], data["val"][1]), 4),
-            "cache_time_s": round(t_cache, 1), "fit_time_s": round(t_fit, 1), "wall_time_s": round(time.time() - t0, 1),
-        }
+        metrics = train_metrics(cfg, recipe, trainer, parts, data, (draft_ids, val_coverage), final, drift,
+                                {"cache_time_s": cache_s, "fit_time_s": t_fit, "wall_time_s": time.time() - t0})
         path = write_json(Path(cfg.paths.reports) / "metrics" / f"train_{h.name}.json", metrics)
-        mlflow.log_metrics({f"final_val_top{n}_head{k}": v for n in (1, 5)
-                            for k, v in enumerate(metrics[f"val_top{n}"].values())})
-        mlflow.log_metrics({"fit_time_s": metrics["fit_time_s"], "baseline_unigram_top1": metrics["baseline_unigram_top1"],
-                            "draft_vocab_val_coverage": metrics["draft_vocab_val_coverage"],
-                            **{f"{p}_positions_per_s": v for p, v in metrics["train_positions_per_s"].items()},
-                            **{f"{p}_best_epoch": v for p, v in metrics["best_epoch"].items() if v is not None}})
-        mlflow.log_artifacts(str(out_dir), artifact_path="heads")
-        mlflow.log_artifact(str(path))
-    log.info("train %s: val top-1 %s, top-5 %s (unigram baseline %.3f), best epoch %s, %s positions/s, "
-             "draft vocabulary %s (val coverage %.3f) in %.0f s", h.name, metrics["val_top1"], metrics["val_top5"],
-             metrics["baseline_unigram_top1"], metrics["best_epoch"], metrics["train_positions_per_s"],
-             metrics["draft_vocab_size"], val_coverage, metrics["wall_time_s"])
+        log_metrics(metrics, out_dir, path)
     return metrics
 
 
@@ -333,28 +345,6 @@ def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, t
     trainer, part = fit_part(module, loader("train", recipe.kind), loader("val"), ckpt_root,
                              fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
     return module, trainer, {"fit": part}
-
-
-class JointCurve(pl.Callback):
-    """Head-0 val top-1 at each validation of the joint stage against the training positions seen so far (head 0's
-    targets): how much joint data the heads and the backbone need before the joint stage helps."""
-
-    def __init__(self, monitor: str = "val/top1_head0"):
-        self.monitor, self.positions, self.points = monitor, 0, []
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.positions += len(head_positions(batch["labels"], 0, batch.get("sources"))[0])
-
-    def on_validation_end(self, trainer, module):
-        if not trainer.sanity_checking and trainer.state.fn == "fit" and self.monitor in trainer.callback_metrics:
-            self.points.append({"positions": self.positions, "step": trainer.global_step,
-                                "val_top1_head0": round(float(trainer.callback_metrics[self.monitor]), 4)})
-
-    def state_dict(self) -> dict:
-        return {"positions": self.positions, "points": self.points}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.positions, self.points = state["positions"], state["points"]
 
 
 def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
@@ -386,32 +376,6 @@ def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs
                                         kwargs2, logger, [*cbs, curve], every)
     parts["stage2"]["curve"] = curve.points
     return module, trainer, parts
-
-
-@torch.no_grad()
-def answer_perplexity(model, ids_list, labels_list, device: str) -> float:
-    """exp(mean NLL) of the answer tokens (labels != -100) under `model`, one conversation at a time."""
-    nll, n = 0.0, 0
-    for ids, labels in zip(ids_list, labels_list):
-        x = torch.tensor([ids], device=device)
-        y = torch.tensor([labels[1:]], device=device)
-        logits = model(input_ids=x).logits[0, :-1].float()
-        keep = y[0] != IGNORE_INDEX
-        if keep.any():
-            nll += float(torch.nn.functional.cross_entropy(logits[keep], y[0][keep], reduction="sum"))
-            n += int(keep.sum())
-    return math.exp(nll / n) if n else float("nan")
-
-
-def backbone_drift(module, data: dict, device: str) -> dict:
-    """How far a jointly trained backbone moved: the val answers' perplexity with its adapters on and off."""
-    backbone = module.backbone
-    backbone.eval()
-    ids, labels = data["val"]
-    adapted = answer_perplexity(backbone, ids, labels, device)
-    with backbone.disable_adapter():
-        base = answer_perplexity(backbone, ids, labels, device)
-    return {"val_answer_perplexity_base": round(base, 4), "val_answer_perplexity_adapted": round(adapted, 4)}
 
 
 def save_heads(heads, medusa2_module, out_dir: Path) -> None:

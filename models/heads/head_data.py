@@ -27,6 +27,7 @@ epoch covers every example once over all ranks, and batch_positions counts posit
 from __future__ import annotations
 
 import abc
+from collections import Counter
 
 import torch
 
@@ -264,3 +265,11 @@ def window_loader(data: HeadsDataset, num_heads: int, batch_positions: int, pad_
                   seed: int = 0) -> ResumableLoader:
     windows = PositionWindows(data, num_heads, pad_id)
     return ResumableLoader(windows, batch_size=None, sampler=WindowBatches(len(windows), batch_positions, seed))
+
+
+def unigram_baseline(train_labels, val_labels) -> float:
+    """Top-1 of always guessing the most frequent training target, on head 0's val targets."""
+    counts = Counter(l for labels in train_labels for l in labels[2:] if l != IGNORE_INDEX)
+    top = counts.most_common(1)[0][0]
+    targets = [l for labels in val_labels for l in labels[2:] if l != IGNORE_INDEX]
+    return sum(l == top for l in targets) / max(1, len(targets))
