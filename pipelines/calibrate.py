@@ -249,67 +249,42 @@ def plot_calibration(result: dict, folder: Path) -> list[Path]:
 
 # -- the stage ---------------------------------------------------------------------------------
 
-def calibrate(cfg: DictConfig) -> dict:
-    from models.heads import load_heads
-
+def calibration_sequences(cfg: DictConfig, model, tokenizer) -> tuple[list, list]:
+    """(prompts, sequences): held-out prompts and each with the base model's greedy answer (or the data's own)."""
     c = cfg.profile.calibrate
-    out = Path(cfg.paths.results) / "calibrate" / cfg.heads.name
-    torch.manual_seed(cfg.seed)
-    device = setup_device(cfg)
-    base, tokenizer = load_model(cfg, device=device)
-    model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
-    prepare_for_decoding(model)                    # the CPU fast paths the decoders run (after the merge)
-    prepare_heads_for_decoding(heads)
-    latency = load_latency(cfg, model, device)
-    D, K = heads.config.num_heads, int(c.topk)
-
-    # 1) sequences: held-out prompts + the base model's greedy answers (or the data's own answers)
-    t0 = time.perf_counter()
     turns = held_out_turns(cfg)
     prompts = [p for p, _ in turns]
     if c.continuation == "greedy":
-        seqs = cached_continuations(cfg, model, tokenizer, prompts)
-    elif c.continuation == "data":   # positions off the greedy path are skipped (models/measure/calibration.py)
-        seqs = [p + r[:int(c.max_new_tokens)] for p, r in turns]
-    else:
-        raise ValueError(f"profile.calibrate.continuation={c.continuation!r}; use greedy or data")
-    # 2) ranks and the accuracy table
-    ranks = [sequence_ranks(model, heads, s, len(p) - 1, K) for s, p in zip(seqs, prompts) if len(s) >= len(p) + 1]
-    if not ranks:
-        raise ValueError("every continuation is empty: nothing to calibrate on")
-    acc, counts = accuracy_table(ranks, K)
-    log.info("%s: %d sequences, %d positions in %.0f s; acc[d][0] = %s", cfg.heads.name, len(ranks),
-             int(counts[0]), time.perf_counter() - t0, np.round(acc[:, 0], 3).tolist())
+        return prompts, cached_continuations(cfg, model, tokenizer, prompts)
+    if c.continuation == "data":     # positions off the greedy path are skipped (models/measure/calibration.py)
+        return prompts, [p + r[:int(c.max_new_tokens)] for p, r in turns]
+    raise ValueError(f"profile.calibrate.continuation={c.continuation!r}; use greedy or data")
 
-    # 3) greedy trees per budget, fixed trees, cost, choice
-    rows = []
-    for n in c.budgets:
-        spec = TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K)
-        rows.append(evaluate_tree(spec, acc, ranks, latency, model, heads, cfg))
+
+def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list, dict, float]:
+    """(a row per greedy tree of each budget, {fixed tree name: its row} for the fixed trees the heads can draft,
+    how the verify forwards timed now compare with the latency profile)."""
+    K, D = int(cfg.profile.calibrate.topk), heads.config.num_heads
+    rows = [evaluate_tree(TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K), acc, ranks,
+                          latency, model, heads, cfg) for n in cfg.profile.calibrate.budgets]
     fixed = {}
     for name in FIXED_TREES:
         spec = fixed_tree(cfg, name)
         if spec.depth <= D and spec.topk == K:
             fixed[name] = evaluate_tree(spec, acc, ranks, latency, model, heads, cfg)
-    chosen = choose_budget(rows)
     # the profile and the step timings are taken minutes apart: on a shared machine they can disagree
     drift = float(np.median([r["step_parts_s"]["verify"] / r["verify_s"] for r in rows]))
     if not 2 / 3 < drift < 3 / 2:
         log.warning("the verify forwards timed now take %.2fx the latency profile's (%s): the machine's load "
                     "changed since it was measured; predicted tokens/s are unreliable (re-run on a quiet machine: "
                     "`dvc repro -f calibrate_latency calibrate`)", drift, latency_path(cfg))
-    baseline = 1.0 / latency["baseline_step_s"]
-    result = {
-        "heads": cfg.heads.name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
-        "draft_vocab_size": heads.config.draft_vocab_size,
-        "continuation": c.continuation, "num_sequences": len(ranks), "num_positions": int(counts[0]),
-        "acc": acc.tolist(), "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
-        "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
-        "baseline_tokens_per_s": baseline, "verify_now_vs_profile": drift, "budgets": rows, "fixed_trees": fixed,
-        "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
-    }
+    return rows, fixed, drift
 
-    # 4) outputs
+
+def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, acc) -> tuple[dict, list]:
+    """Every budget's tree, optimal_tree.json (what tree=optimal loads), calibration.json, the metrics and the
+    plots; -> (metrics, written files)."""
+    out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["topk"]
     shutil.rmtree(out / "trees", ignore_errors=True)          # no stale budgets from an earlier run
     out.mkdir(parents=True, exist_ok=True)
     for row in rows:
@@ -320,25 +295,55 @@ def calibrate(cfg: DictConfig) -> dict:
         "name": "optimal", "paths": chosen["paths"], "topk": K, "budget": chosen["budget"],
         "predicted_accept_length": chosen["predicted_accept_length"],
         "predicted_tokens_per_s": chosen["predicted_tokens_per_s"], "heads": cfg.heads.name,
-        "machine": latency["machine"]})
+        "machine": result["machine"]})
     write_json(out / "calibration.json", result)
-    metrics = {"chosen_budget": chosen["budget"], "predicted_accept_length": chosen["predicted_accept_length"],
-               "replay_accept_length": chosen["replay_accept_length"],
-               "predicted_tokens_per_s": chosen["predicted_tokens_per_s"],
-               "predicted_speedup": chosen["predicted_speedup"],
-               "acc_top1": [float(a) for a in acc[:, 0]]}
+    metrics = {k: chosen[k] for k in ("predicted_accept_length", "replay_accept_length", "predicted_tokens_per_s",
+                                      "predicted_speedup")}
+    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]]}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
-    tree_check = tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")})   # what tree=optimal loads
-    tree_check.check_heads(D)
+    tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])
+    return metrics, [out / "optimal_tree.json", out / "calibration.json", *pngs]
+
+
+def calibrate(cfg: DictConfig) -> dict:
+    from models.heads import load_heads
+
+    torch.manual_seed(cfg.seed)
+    device = setup_device(cfg)
+    base, tokenizer = load_model(cfg, device=device)
+    model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
+    prepare_for_decoding(model)                    # the CPU fast paths the decoders run (after the merge)
+    prepare_heads_for_decoding(heads)
+    latency = load_latency(cfg, model, device)
+    D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.topk), cfg.heads.name
+    t0 = time.perf_counter()
+    prompts, seqs = calibration_sequences(cfg, model, tokenizer)                         # 1) sequences
+    ranks = [sequence_ranks(model, heads, s, len(p) - 1, K) for s, p in zip(seqs, prompts) if len(s) >= len(p) + 1]
+    if not ranks:                                                                         # 2) ranks, accuracies
+        raise ValueError("every continuation is empty: nothing to calibrate on")
+    acc, counts = accuracy_table(ranks, K)
+    log.info("%s: %d sequences, %d positions in %.0f s; acc[d][0] = %s", name, len(ranks), int(counts[0]),
+             time.perf_counter() - t0, np.round(acc[:, 0], 3).tolist())
+    rows, fixed, drift = tree_rows(cfg, acc, ranks, latency, model, heads)               # 3) trees, cost, choice
+    chosen = choose_budget(rows)
+    result = {
+        "heads": name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
+        "draft_vocab_size": heads.config.draft_vocab_size, "continuation": cfg.profile.calibrate.continuation,
+        "num_sequences": len(ranks), "num_positions": int(counts[0]), "acc": acc.tolist(),
+        "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
+        "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
+        "baseline_tokens_per_s": 1.0 / latency["baseline_step_s"], "verify_now_vs_profile": drift, "budgets": rows,
+        "fixed_trees": fixed, "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
+    }
+    metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs
     if chosen["predicted_speedup"] < 1:
         log.warning("%s: even the best tree is predicted slower than the autoregressive baseline (%.2fx): "
                     "the heads are rarely right (acc[d][0] = %s) or drafting costs too much here",
-                    cfg.heads.name, chosen["predicted_speedup"], np.round(acc[:, 0], 3).tolist())
-    log.info("%s: chosen budget %d, predicted %.2f tokens/step, %.1f tokens/s (%.2fx); %s", cfg.heads.name,
-             chosen["budget"], chosen["predicted_accept_length"], chosen["predicted_tokens_per_s"],
-             chosen["predicted_speedup"], out / "optimal_tree.json")
-    return {"result": result, "metrics": metrics, "files": [out / "optimal_tree.json", out / "calibration.json", *pngs]}
+                    name, chosen["predicted_speedup"], np.round(acc[:, 0], 3).tolist())
+    log.info("%s: chosen budget %d, predicted %.2f tokens/step, %.1f tokens/s (%.2fx); %s", name, chosen["budget"],
+             chosen["predicted_accept_length"], chosen["predicted_tokens_per_s"], chosen["predicted_speedup"], files[0])
+    return {"result": result, "metrics": metrics, "files": files}
 
 
 @stage
