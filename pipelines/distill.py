@@ -43,7 +43,8 @@ from models.data.conversations import IGNORE_INDEX, tokenize_conversations
 from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
                                 vllm_available)
 from models.data.relabel import relabel_conversations
-from pipelines.common import atomic_file, load_model, log, mlflow_run, stage, write_json
+from models.data.shards import ShardStore, jsonl_lines, num_shards  # noqa: F401
+from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
 SPLITS = ("train", "val")
@@ -109,78 +110,6 @@ def select_relabel(train: Dataset, exclude: set[str], positions: int, max_length
     return chosen
 
 
-def jsonl_lines(path: Path) -> list[str]:
-    """The lines of a JSONL file. Split on "\\n" only: str.splitlines() also splits on U+2028, U+0085 and
-    other separators that json.dumps(ensure_ascii=False) writes raw inside strings (ShareGPT has them)."""
-    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
-
-
-class ShardStore:
-    """Finished shards as <folder>/<part>/shard-NNNNN.jsonl plus manifest.json; a new fingerprint starts over."""
-
-    def __init__(self, folder: Path, fingerprint: str, settings: dict, parts: tuple[str, ...] = SPLITS):
-        self.folder, self.parts = Path(folder), parts
-        manifest = self.folder / "manifest.json"
-        old = json.loads(manifest.read_text()) if manifest.is_file() else None
-        if old is not None and old.get("fingerprint") != fingerprint:
-            log.warning("distill settings or data changed (fingerprint %s -> %s): discarding the shards in %s",
-                        old.get("fingerprint"), fingerprint, self.folder)
-            shutil.rmtree(self.folder)
-            old = None
-        self.manifest = old or {"fingerprint": fingerprint, "settings": settings, "shards": {}}
-        for part in parts:  # a shard renamed into place just before a kill, its manifest entry (and the stats of
-            # the report) not yet written: made again, so that the totals count every shard's stats
-            for path in sorted((self.folder / part).glob("shard-*.jsonl")):
-                if f"{part}/{path.stem}" not in self.manifest["shards"]:
-                    log.warning("distill shard %s has no manifest entry (killed before its write): making it again",
-                                path)
-                    path.unlink()
-        self._write_manifest()
-
-    def path(self, part: str, index: int) -> Path:
-        return self.folder / part / f"shard-{index:05d}.jsonl"
-
-    def done(self, part: str, index: int) -> bool:
-        return self.path(part, index).is_file()
-
-    def write(self, part: str, index: int, records: list[dict], stats: dict) -> None:
-        path = self.path(part, index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, fsync=True) as f:  # the shard is either complete or absent
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        self.manifest["shards"][f"{part}/{path.stem}"] = {"n": len(records), "ids": [r["id"] for r in records],
-                                                         **stats}
-        self._write_manifest()
-
-    def read(self, part: str, index: int) -> list[dict]:
-        return [json.loads(line) for line in jsonl_lines(self.path(part, index))]
-
-    def read_all(self, part: str, expected_ids: list[str]) -> list[dict]:
-        """Every shard of `part` in order; their ids must be expected_ids exactly."""
-        records = []
-        for index in range(num_shards(len(expected_ids), self.manifest["settings"]["shard_size"])):
-            records += self.read(part, index)
-        ids = [r["id"] for r in records]
-        if ids != expected_ids:
-            raise RuntimeError(f"distill shards of {part!r} in {self.folder} do not hold the expected conversations "
-                               f"({len(ids)} records, {len(set(ids))} unique, {len(expected_ids)} expected); "
-                               "delete that folder to regenerate")
-        return records
-
-    def totals(self) -> dict:
-        """Sum of each numeric stat over the finished shards."""
-        out: dict = {}
-        for entry in self.manifest["shards"].values():
-            for k, v in entry.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out[k] = out.get(k, 0) + v
-        return out
-
-    def _write_manifest(self) -> None:
-        write_json(self.folder / "manifest.json", self.manifest)
-
-
 def dataset_digest(ds) -> str:
     """sha256 of a saved dataset's Arrow files (its public cache_files): what the shards were made from."""
     h = hashlib.sha256()
@@ -217,10 +146,6 @@ def make_generator(cfg: DictConfig):
 
 def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def num_shards(n: int, shard_size: int) -> int:
-    return (n + shard_size - 1) // shard_size
 
 
 def run_self(store: ShardStore, work: dict, generator, tokenizer, cfg: DictConfig) -> int:
@@ -317,6 +242,45 @@ def write_dataset(parts: dict[str, dict[str, list]], out: Path) -> None:
     tmp.rename(out)
 
 
+def build_dataset(cfg: DictConfig, self_store: ShardStore, relabel_store: ShardStore, work: dict,
+                  relabel_work: list, prepared, tokenizer) -> dict:
+    """The distilled dataset from both sources' shards (relabelled conversations join train); -> counts per split."""
+    d, max_length = cfg.profile.distill, int(cfg.profile.prepare.max_length)
+    relabel_ids = [cid for cid, _ in relabel_work]
+    parts, counts = {}, {}
+    for split in SPLITS:
+        records = self_store.read_all(split, [cid for cid, _ in work[split]])
+        rows = self_rows(records, tokenizer, max_length)
+        n_records = len(records)
+        if split == "train" and relabel_work:
+            more = relabel_rows(relabel_store.read_all("train", relabel_ids), relabel_work, prepared["train"],
+                                int(d.relabel_max_length))
+            rows = {k: rows[k] + more[k] for k in rows}
+            n_records += len(relabel_ids)
+        parts[split], counts[split] = rows, split_counts(rows, n_records)
+    write_dataset(parts, Path(cfg.data.distilled_dir))
+    return counts
+
+
+def source_stats(self_store: ShardStore, relabel_store: ShardStore, self_now: int, relabel_now: int,
+                 relabel_conversations: int) -> dict:
+    """What each source's shards hold and cost, summed over their manifests."""
+    gen, rel = self_store.totals(), relabel_store.totals()
+    return {
+        "self": {"fingerprint": self_store.manifest["fingerprint"], "turns": gen.get("turns", 0),
+                 "turns_dropped": gen.get("turns_dropped", 0), "answers_cut": gen.get("answers_cut", 0),
+                 "new_tokens": gen.get("new_tokens", 0), "generation_s": round(gen.get("seconds", 0), 1),
+                 "new_tokens_per_s": rate(gen.get("new_tokens", 0), gen.get("seconds", 0)),
+                 "shards": len(self_store.manifest["shards"]), "shards_generated_now": self_now},
+        "relabel": {"fingerprint": relabel_store.manifest["fingerprint"],
+                    "conversations": relabel_conversations,
+                    "tokens": rel.get("tokens", 0), "padded_tokens": rel.get("padded_tokens", 0),
+                    "positions": rel.get("positions", 0), "relabel_s": round(rel.get("seconds", 0), 1),
+                    "tokens_per_s": rate(rel.get("tokens", 0), rel.get("seconds", 0)),
+                    "positions_per_s": rate(rel.get("positions", 0), rel.get("seconds", 0)),
+                    "shards": len(relabel_store.manifest["shards"]), "shards_relabelled_now": relabel_now}}
+
+
 def run_distill(cfg: DictConfig) -> dict:
     """Steps 1) to 3); returns the stats also written to reports/metrics/distill.json."""
     t0, d = time.time(), cfg.profile.distill
@@ -351,34 +315,9 @@ def run_distill(cfg: DictConfig) -> dict:
             model, _ = load_model(cfg, device=device())
         relabel_now = run_relabel(relabel_store, relabel_work, model, prepared["train"], cfg)
     # 3) the dataset
-    max_length = int(cfg.profile.prepare.max_length)
-    parts, counts = {}, {}
-    for split in SPLITS:
-        records = self_store.read_all(split, [cid for cid, _ in work[split]])
-        rows = self_rows(records, tokenizer, max_length)
-        n_records = len(records)
-        if split == "train" and relabel_work:
-            more = relabel_rows(relabel_store.read_all("train", relabel_ids), relabel_work, prepared["train"],
-                                int(d.relabel_max_length))
-            rows = {k: rows[k] + more[k] for k in rows}
-            n_records += len(relabel_ids)
-        parts[split], counts[split] = rows, split_counts(rows, n_records)
-    write_dataset(parts, Path(cfg.data.distilled_dir))
-    gen, rel = self_store.totals(), relabel_store.totals()
-    result = {
-        "model": cfg.model.name, **counts,
-        "self": {"fingerprint": self_store.manifest["fingerprint"], "turns": gen.get("turns", 0),
-                 "turns_dropped": gen.get("turns_dropped", 0), "answers_cut": gen.get("answers_cut", 0),
-                 "new_tokens": gen.get("new_tokens", 0), "generation_s": round(gen.get("seconds", 0), 1),
-                 "new_tokens_per_s": rate(gen.get("new_tokens", 0), gen.get("seconds", 0)),
-                 "shards": len(self_store.manifest["shards"]), "shards_generated_now": self_now},
-        "relabel": {"fingerprint": relabel_store.manifest["fingerprint"], "conversations": len(relabel_ids),
-                    "tokens": rel.get("tokens", 0), "padded_tokens": rel.get("padded_tokens", 0),
-                    "positions": rel.get("positions", 0), "relabel_s": round(rel.get("seconds", 0), 1),
-                    "tokens_per_s": rate(rel.get("tokens", 0), rel.get("seconds", 0)),
-                    "positions_per_s": rate(rel.get("positions", 0), rel.get("seconds", 0)),
-                    "shards": len(relabel_store.manifest["shards"]), "shards_relabelled_now": relabel_now},
-        "wall_time_s": round(time.time() - t0, 1)}
+    counts = build_dataset(cfg, self_store, relabel_store, work, relabel_work, prepared, tokenizer)
+    result = {"model": cfg.model.name, **counts, **source_stats(self_store, relabel_store, self_now, relabel_now, len(relabel_work)),
+              "wall_time_s": round(time.time() - t0, 1)}
     write_json(Path(cfg.paths.reports) / "metrics" / "distill.json", result)
     log.info("distill: %s", result)
     return result

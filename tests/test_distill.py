@@ -15,7 +15,8 @@ from datasets import Dataset, DatasetDict, load_from_disk
 from models.data.conversations import IGNORE_INDEX, tokenize_conversation
 from models.data.distill_gen import GenerationSettings, Generated, HFGenerator, chat_prompt, replay_conversations
 from models.data.relabel import relabel_conversations
-from pipelines import common, distill
+from models.data import shards
+from pipelines import distill
 from pipelines.prepare import FEATURES
 
 
@@ -270,8 +271,8 @@ def test_both_sources_resume_after_kills_to_the_uninterrupted_dataset(resume_cas
 
 
 class KillInShardWrite:
-    """pipelines.common's `os` (its atomic_file writes distill's shards) whose fsync, at the n-th shard write of a
-    run, kills it: the shard's temporary file stays behind whole (flushed, not renamed) or, partial=True, cut in
+    """models.data.shards' `os` (it writes distill's shards) whose fsync, at the n-th shard write of a run,
+    kills it: the shard's temporary file stays behind whole (flushed, not renamed) or, partial=True, cut in
     half as if the kill came mid-write."""
 
     def __init__(self, n: int, partial: bool):
@@ -294,10 +295,10 @@ def test_a_leftover_temporary_shard_is_made_again(resume_case, monkeypatch, part
     spy, whole, stats, entries, cfg = resume_case
     relabel_keys = [k.split("/", 1)[1] for k in entries if k.startswith("relabel/")]
     # killed in the write of the 2nd self shard, before its rename
-    monkeypatch.setattr(common, "os", KillInShardWrite(2, partial))
+    monkeypatch.setattr(shards, "os", KillInShardWrite(2, partial))
     with pytest.raises(KeyboardInterrupt, match="simulated kill"):
         spy.run(cfg)
-    monkeypatch.setattr(common, "os", os)
+    monkeypatch.setattr(shards, "os", os)
     tmp = shard_folder(cfg) / "self" / "train" / "shard-00001.jsonl.tmp"
     left = tmp.read_bytes()
     whole_shard = shard_files(whole)["self/train/shard-00001.jsonl"]
