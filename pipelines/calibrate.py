@@ -35,7 +35,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeBuffers, TreeSpec, tree_from_config
-from pipelines.common import REPO_ROOT, load_model, log, mlflow_run, stage, write_json
+from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
 

@@ -49,8 +49,8 @@ from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
 from models.heads.joint_stage import JointCurve, backbone_drift
-from models.heads.training import (IGNORE_INDEX, MODULES, Medusa1Module, Recipe, Throughput, fit_resumable, on_gpu,
-                                   resolve_precision)
+from models.heads.fitting import Throughput, fit_resumable
+from models.heads.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
 from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
 

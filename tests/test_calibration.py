@@ -11,6 +11,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
                                 top1_unconditional)
 from models.heads import HeadsConfig, build_heads
+from pipelines.common import REPO_ROOT
 
 SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
                  [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2],
@@ -300,3 +301,15 @@ def test_replayed_steps_match_the_decoder(family, lr):
         k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
         assert res.accept_lengths[:k] == replayed[:k]          # the last steps differ: the token limit cuts trees
         assert max(res.accept_lengths[:k]) > 1
+
+
+def test_calibrate_with_no_heads_names_the_heads_it_could_calibrate(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipelines.calibrate", "heads=none", "model=tiny_random",
+                          f"paths.results={tmp_path}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    assert out.returncode != 0
+    assert "heads=none has no draft heads to calibrate; use heads=<one of" in out.stderr and "hydra_pp" in out.stderr

@@ -20,7 +20,8 @@ from models.heads import HeadsConfig, build_heads, load_heads
 from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
                                     window_loader)
 from models.heads.hidden_cache import HiddenCache
-from models.heads.training import MODULES, Recipe, fit_resumable
+from models.heads.fitting import fit_resumable
+from models.heads.training import MODULES, Recipe
 from tests.test_training import Interrupt, conversations, examples, save_distilled   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")

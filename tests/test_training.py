@@ -21,7 +21,8 @@ from models.heads.draft_vocab import answer_token_counts, most_frequent
 from models.heads.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.heads.hidden_cache import HiddenCache, cache_key
-from models.heads.training import IGNORE_INDEX, MODULES, Recipe, fit_resumable, head_positions, resolve_precision
+from models.heads.fitting import fit_resumable
+from models.heads.training import IGNORE_INDEX, MODULES, Recipe, head_positions, resolve_precision
 from pipelines.prepare import FEATURES
 
 @pytest.fixture(autouse=True)
