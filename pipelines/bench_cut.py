@@ -21,7 +21,7 @@ from models.engine.decoding import generate
 from models.engine.drafters import TreeDrafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import ADAPTER_DIR, load_heads
-from models.measure.benchmark import chat_input_ids, load_questions
+from models.measure.mtbench import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
 from pipelines.common import load_model, log, stage, write_json
 from pipelines.evaluate import stop_token_ids

@@ -50,9 +50,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tqdm import tqdm
 
 from models.engine.decoding import SamplingConfig, generate
-from models.measure.benchmark import (TurnRecord, category_temperature, chat_input_ids, load_questions,
-                                      prompt_lookup_generate, rotated, speedup_on_questions_of, summarize_method,
-                                      token_agreement)
+from models.measure.benchmark import TurnRecord, speedup_on_questions_of, summarize_method, token_agreement
+from models.measure.mtbench import category_temperature, chat_input_ids, load_questions, rotated
+from models.measure.peers import prompt_lookup_generate
 from models.measure.lossless import LosslessnessError, check_lossless, failure_message
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of

@@ -18,7 +18,7 @@ from models.engine.drafters import StepDrafter, make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import TreeSpec, tree_from_config
 from models.heads import ADAPTER_DIR, load_heads
-from models.measure.benchmark import spread
+from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
 from pipelines.common import REPO_ROOT, log
 

@@ -1,10 +1,8 @@
-"""MT-Bench speed benchmark, framework-free parts: questions, prompts, per-turn records, Spec-Bench
-metrics, the losslessness comparison and transformers' prompt lookup as a reference. `pipelines/evaluate.py`
-drives it.
+"""MT-Bench speed figures: per-turn records and the Spec-Bench metrics over them, with intervals. The questions
+are models/measure/mtbench.py, transformers' prompt lookup models/measure/peers.py, the losslessness check
+models/measure/lossless.py; `pipelines/evaluate.py` drives them.
 
-    questions = load_questions("artifacts/raw/mt_bench_question.jsonl", num_questions=16)
-    ids = chat_input_ids(tok, ["Hi!"], [])                       # turn 1 prompt (chat template)
-    rec = TurnRecord.from_generation(q, turn=1, method="pld_hf", run=0, result=prompt_lookup_generate(...))
+    rec = TurnRecord.from_generation(q, turn=1, method="pld", run=0, result=generate(...))
     summary = summarize_method(runs_of_method, runs_of_baseline)  # speedups, accept length, per category
 
 Metrics follow Spec-Bench (docs/reference.md#evaluation-protocol): per-question throughput = new tokens of all its
@@ -16,103 +14,13 @@ speedup: the same ratio with the prefill taken out, i.e. per question the new to
 """
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import numpy as np
-import torch
 
 from models.measure.intervals import bootstrap_columns
-
-CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-
-
-# -- questions and prompts ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Question:
-    question_id: int
-    category: str
-    turns: tuple[str, ...]
-
-
-def load_questions(path: str | Path, num_questions: int | None = None) -> list[Question]:
-    """MT-Bench questions from a jsonl file. With num_questions, take the first questions of every
-    category in turn (round-robin), so any cut keeps the categories balanced."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"question file {path} does not exist; run `dvc repro assets` first")
-    questions = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = {"question_id", "category", "turns"} - row.keys()
-        if missing:
-            raise ValueError(f"{path}:{line_no} lacks {sorted(missing)}; MT-Bench rows have question_id, category, turns")
-        questions.append(Question(int(row["question_id"]), str(row["category"]), tuple(row["turns"])))
-    if num_questions is None or num_questions >= len(questions):
-        return questions
-    if num_questions < 1:
-        raise ValueError(f"num_questions must be >= 1 or null (all), got {num_questions}")
-    by_cat: dict[str, list[Question]] = defaultdict(list)
-    for q in questions:
-        by_cat[q.category].append(q)
-    picked, depth = [], 0
-    while len(picked) < num_questions:
-        for cat_questions in by_cat.values():
-            if depth < len(cat_questions) and len(picked) < num_questions:
-                picked.append(cat_questions[depth])
-        depth += 1
-    return sorted(picked, key=lambda q: q.question_id)
-
-
-def chat_input_ids(tokenizer, user_turns: list[str], answers: list[str]) -> list[int]:
-    """Chat-template prompt for the next answer: user_turns[i] answered by answers[i]; len(answers) ==
-    len(user_turns) - 1 (the last user turn is the one to answer)."""
-    if len(answers) != len(user_turns) - 1:
-        raise ValueError(f"need one answer per earlier turn: {len(user_turns)} user turns, {len(answers)} answers")
-    messages = []
-    for i, text in enumerate(user_turns):
-        messages.append({"role": "user", "content": text})
-        if i < len(answers):
-            messages.append({"role": "assistant", "content": answers[i]})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):   # some tokenizers return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def category_temperature(category: str, mode: str, temperatures: dict) -> float:
-    """0 in greedy mode; docs/reference.md#evaluation-protocol's per-category temperature in category mode."""
-    if mode == "greedy":
-        return 0.0
-    if mode != "category":
-        raise ValueError(f"temperature_mode {mode!r} is not known; use greedy or category")
-    if category not in temperatures:
-        raise ValueError(f"no temperature for category {category!r}; known: {sorted(temperatures)}")
-    return float(temperatures[category])
-
-
-def spread(items: list, n: int | None) -> list:
-    """n of the items, evenly spaced over the list (all of them when n is None or >= len(items)): on the
-    question list, sorted by id and so by category, a subset that keeps the categories apart."""
-    if n is None or n >= len(items):
-        return list(items)
-    if n < 1:
-        raise ValueError(f"a subset needs n >= 1 (or null for all), got {n}")
-    return [items[i * len(items) // n] for i in range(n)]
-
-
-def rotated(items: list, shift: int) -> list:
-    """items rotated left by shift: question i runs the methods starting at i mod n, so drift cancels."""
-    if not items:
-        return []
-    shift %= len(items)
-    return items[shift:] + items[:shift]
-
+from models.measure.mtbench import CATEGORIES, Question
 
 # -- per-turn records --------------------------------------------------------------------------
 @dataclass
@@ -354,89 +262,3 @@ def token_agreement(records: list[TurnRecord], reference: list[TurnRecord]) -> d
         prefix += len(other) if pos is None else pos
         total += len(other)
     return {"turns": turns, "identical_answers": same, "identical_prefix_share": prefix / total if total else None}
-
-
-@torch.no_grad()
-def greedy_margin(model, prompt_ids: list[int], reference: list[int], position: int, other_token: int | None) -> float | None:
-    """Logit of the reference's token at `position` minus that of `other_token`, with the model
-    teacher-forced on prompt + reference[:position]. A margin near 0 marks a numerical tie (two
-    tokens equally likely up to float rounding), not a decoding bug."""
-    if other_token is None or position >= len(reference):
-        return None
-    ids = torch.tensor([prompt_ids + reference[:position]], device=next(model.parameters()).device)
-    logits = model(input_ids=ids).logits[0, -1].float()       # [V]
-    return float(logits[reference[position]] - logits[other_token])
-
-
-# -- prompt lookup decoding in transformers' generate, the reference ----------------------------
-@dataclass
-class PeerResult:
-    new_tokens: list[int]
-    wall_time: float
-    steps: int
-    accept_lengths: list[int]
-    prefill_time: float = 0.0
-
-
-class ForwardCounter:
-    """Hooks on the base model: the KV-cache length before every forward call and the time it ended."""
-
-    def __init__(self, model):
-        self.cache_lengths: list[int] = []
-        self.end_times: list[float] = []
-        self._handles = [model.register_forward_pre_hook(self._before, with_kwargs=True),
-                         model.register_forward_hook(self._after)]
-
-    def _before(self, module, args, kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))    # `cache` from transformers 5.24 on
-        self.cache_lengths.append(int(cache.get_seq_length()) if cache is not None else 0)
-
-    def _after(self, module, args, output):
-        self.end_times.append(time.perf_counter())
-
-    def remove(self):
-        for handle in self._handles:
-            handle.remove()
-
-
-@torch.no_grad()
-def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num_tokens: int = 10,
-                           max_ngram: int = 2, temperature: float = 0.0, stop_token_ids=None,
-                           pad_token_id: int | None = None) -> PeerResult:
-    """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`); steps and tokens per step are
-    read from the forward calls: call j (after the prefill) emits cache_len[j+1] - cache_len[j] tokens.
-
-    transformers verifies the first lookup in the prefill call itself (prompt + drafts in one forward):
-    when drafts are accepted there, that call counts as a step of its own too (emitting those drafts;
-    its bonus is the prefill token). prefill_time is the end of that call (drafts it accepted then count
-    as decoded in no time: rare, and in favour of the reference)."""
-    stop = list(stop_token_ids or [])
-    device = next(model.parameters()).device
-    ids = torch.tensor([input_ids], device=device)
-    kwargs = dict(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                  top_p=None, top_k=None)
-    counter = ForwardCounter(model)
-    try:
-        start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram,
-                             eos_token_id=stop or None, pad_token_id=pad_token_id, **kwargs)
-        wall = time.perf_counter() - start
-    finally:
-        counter.remove()
-    new = out[0, len(input_ids):].tolist()
-    for i, t in enumerate(new):          # cut after the first stop token (the rest is padding)
-        if t in stop:
-            new = new[:i + 1]
-            break
-    # cache_lengths: [0 (prefill), P + a_0, P + a_0 + a_1, ...]; the prefill emits the first token and
-    # a_0 (usually 0) accepted drafts; the last new token never enters the cache.
-    starts = counter.cache_lengths[1:]
-    ends = starts[1:] + [len(input_ids) + len(new) - 1]
-    accept = [e - s for s, e in zip(starts, ends)]
-    in_prefill = starts[0] - len(input_ids) if starts else 0
-    if in_prefill:
-        accept = [in_prefill, *accept]
-    prefill_time = counter.end_times[0] - start if counter.end_times else wall
-    return PeerResult(new_tokens=new, wall_time=wall, steps=len(accept), accept_lengths=accept,
-                      prefill_time=prefill_time)

@@ -6,7 +6,9 @@ for token; a difference at a float tie of the base model's logits is reported ap
 """
 from __future__ import annotations
 
-from models.measure.benchmark import first_difference, greedy_margin
+import torch
+
+from models.measure.benchmark import first_difference
 
 
 class LosslessnessError(RuntimeError):
@@ -62,3 +64,15 @@ def failure_message(report: dict) -> str:
                      f"from {f['reference']} first at new-token position {f['position']} (expected "
                      f"{f['expected_token']}, got {f['got_token']}; lengths {f['expected_length']} vs {f['got_length']})")
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def greedy_margin(model, prompt_ids: list[int], reference: list[int], position: int, other_token: int | None) -> float | None:
+    """Logit of the reference's token at `position` minus that of `other_token`, with the model
+    teacher-forced on prompt + reference[:position]. A margin near 0 marks a numerical tie (two
+    tokens equally likely up to float rounding), not a decoding bug."""
+    if other_token is None or position >= len(reference):
+        return None
+    ids = torch.tensor([prompt_ids + reference[:position]], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits[0, -1].float()       # [V]
+    return float(logits[reference[position]] - logits[other_token])
