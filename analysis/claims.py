@@ -12,6 +12,8 @@ Verdicts:
 """
 from __future__ import annotations
 
+import functools
+
 from analysis.comparisons import compare, describe, fmt_interval
 
 
@@ -54,66 +56,53 @@ def _head0(train: dict | None) -> str:
     return f"head-0 val top-1 {max(s1):.3f} heads-only, {max(s2):.3f} after the joint stage"
 
 
-def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None) -> list[dict]:
-    train = train or {}
-    rows = []
+def _row(claim, published, ours, verdict, reason="") -> dict:
+    return {"claim": claim, "published": published, "ours": ours, "verdict": verdict, "reason": reason}
 
-    def row(claim, published, ours, verdict, reason=""):
-        rows.append({"claim": claim, "published": published, "ours": ours, "verdict": verdict, "reason": reason})
 
-    # 1) Medusa-1 speeds decoding up
+def _medusa1_row(summary: dict, latency: dict | None) -> dict | None:
+    """Medusa-1 speeds decoding up: its calibrated tree against the baseline (and why the papers' tree does not)."""
     s = _method_speedup(summary, "medusa1-optimal")
-    if s and s["value"] is not None and s["ci"]:
-        v = _verdict(*s["ci"])
-        big = _method_speedup(summary, "medusa1-sparse64")
-        reason = ""
-        if big and big["value"] is not None and big["value"] < 1:
-            cost = _step_cost(latency, 64)
-            reason = (f"on the papers' 63-node tree it is {big['value']:.2f}x here"
-                      + (f": verifying 64 tokens costs {cost:.1f}x a 1-token step on this CPU" if cost else ""))
-        row("Medusa-1 speeds decoding up", "2.18x (Vicuna-7B, A100)",
-            f"{s['value']:.2f}x ({fmt_interval(s['ci'])}), {s['questions']} questions, calibrated tree", v, reason)
+    if not s or s["value"] is None or not s["ci"]:
+        return None
+    big, reason = _method_speedup(summary, "medusa1-sparse64"), ""
+    if big and big["value"] is not None and big["value"] < 1:
+        cost = _step_cost(latency, 64)
+        reason = (f"on the papers' 63-node tree it is {big['value']:.2f}x here"
+                  + (f": verifying 64 tokens costs {cost:.1f}x a 1-token step on this CPU" if cost else ""))
+    return _row("Medusa-1 speeds decoding up", "2.18x (Vicuna-7B, A100)",
+                f"{s['value']:.2f}x ({fmt_interval(s['ci'])}), {s['questions']} questions, calibrated tree",
+                _verdict(*s["ci"]), reason)
 
-    def paired(claim, published, a, b, size=None, why=None):
-        c = compare(summary, a, b, "speedup")
-        if c is None or c["interval"] is None:
-            return
-        v = _verdict(*c["interval"], size)
-        reason = why(c) if why and v != "reproduced" else ""
-        row(claim, published, describe(c) + f" ({c['a']} / {c['b']})", v, reason)
 
-    def accept_reason(a, b, extra=""):
-        def why(c):
-            acc = compare(summary, a, b, "accept_length")
-            parts = []
-            if acc and acc["ratio"] is not None:
-                parts.append(f"accepted length {acc['ratio']:.2f}x ({fmt_interval(acc['interval'])})")
-            if extra:
-                parts.append(extra)
-            if acc and acc["interval"] and acc["interval"][0] > 1 and c["interval"][1] < acc["interval"][0]:
-                parts.append("the extra tokens a step cost more drafting than they save")
-            return "; ".join(parts)
-        return why
+def _paired_row(summary, claim, published, a, b, size=None, why=None) -> dict | None:
+    """A speed claim judged by the paired comparison of methods a and b; why(c): the reason where it fails."""
+    c = compare(summary, a, b, "speedup")
+    if c is None or c["interval"] is None:
+        return None
+    v = _verdict(*c["interval"], size)
+    return _row(claim, published, describe(c) + f" ({c['a']} / {c['b']})", v,
+                why(c) if why and v != "reproduced" else "")
 
-    # 2) Medusa-2 beats Medusa-1
-    paired("Medusa-2 beats Medusa-1", "2.83x vs 2.18x: 1.30x (Vicuna-7B, A100)", "medusa2-optimal", "medusa1-optimal",
-           why=accept_reason("medusa2-optimal", "medusa1-optimal", _head0(train.get("medusa2"))))
-    # 3) Hydra beats Medusa, in accepted length (the papers' tree) and in speed
-    c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
-    if c and c["interval"]:
-        row("Hydra beats Medusa in accepted length", "3.04 vs 2.58: 1.18x (Vicuna-7B, 63-node tree)",
-            describe(c) + " (63-node tree)", _verdict(*c["interval"]))
-    paired("Hydra beats Medusa in speed", "2.36x vs 2.13x: 1.11x (Vicuna-7B)", "hydra-optimal", "medusa1-optimal",
-           why=accept_reason("hydra-optimal", "medusa1-optimal"))
-    # 4) Hydra++ beats Hydra
-    paired("Hydra++ beats Hydra", "2.70x vs 2.36x: 1.14x; 3.70 vs 3.04 accepted (Vicuna-7B)", "hydra_pp-optimal",
-           "hydra-optimal", why=accept_reason("hydra_pp-optimal", "hydra-optimal"))
-    # 5) Hydra++ is 1.31x Medusa
-    paired("Hydra++ is 1.31x Medusa", "up to 1.31x (Vicuna-33B: 2.53x vs 1.93x; Vicuna-7B 1.27x)", "hydra_pp-optimal",
-           "medusa1-optimal", size=1.31, why=accept_reason("hydra_pp-optimal", "medusa1-optimal"))
 
-    # 6) the 63-node tree beats a chain
-    def tree_reason(c):
+def _accept_reason(summary: dict, a: str, b: str, extra: str = ""):
+    """why(c) for a speed claim: the accepted-length ratio, and whether drafting ate the extra tokens."""
+    def why(c):
+        acc = compare(summary, a, b, "accept_length")
+        parts = []
+        if acc and acc["ratio"] is not None:
+            parts.append(f"accepted length {acc['ratio']:.2f}x ({fmt_interval(acc['interval'])})")
+        if extra:
+            parts.append(extra)
+        if acc and acc["interval"] and acc["interval"][0] > 1 and c["interval"][1] < acc["interval"][0]:
+            parts.append("the extra tokens a step cost more drafting than they save")
+        return "; ".join(parts)
+    return why
+
+
+def _tree_reason(summary: dict, latency: dict | None):
+    """why(c) for the 63-node tree against a chain: what it accepts, what its verify step costs here."""
+    def why(c):
         acc = compare(summary, c["a"], c["b"], "accept_length")
         cost, chain = _step_cost(latency, 64), _step_cost(latency, 4)
         parts = [] if not acc or acc["ratio"] is None else [f"it accepts {acc['ratio']:.2f}x the tokens a step"]
@@ -121,9 +110,30 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
             parts.append(f"but verifying 64 tokens costs {cost:.1f}x a 1-token step here"
                          + (f" (4 tokens: {chain:.2f}x)" if chain else "") + ", about 1x on an A100")
         return ", ".join(parts)
-    paired("The 63-node tree beats a chain", "the tree over a chain in Medusa's ablation (A100; no single figure)",
-           "medusa1-sparse64", "medusa1-chain4", why=tree_reason)
-    return rows
+    return why
+
+
+def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None) -> list[dict]:
+    """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out)."""
+    train, why = train or {}, functools.partial(_accept_reason, summary)
+    rows = [_medusa1_row(summary, latency),
+            _paired_row(summary, "Medusa-2 beats Medusa-1", "2.83x vs 2.18x: 1.30x (Vicuna-7B, A100)", "medusa2-optimal",
+                        "medusa1-optimal", why=why("medusa2-optimal", "medusa1-optimal", _head0(train.get("medusa2"))))]
+    c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
+    if c and c["interval"]:
+        rows.append(_row("Hydra beats Medusa in accepted length", "3.04 vs 2.58: 1.18x (Vicuna-7B, 63-node tree)",
+                         describe(c) + " (63-node tree)", _verdict(*c["interval"])))
+    rows += [
+        _paired_row(summary, "Hydra beats Medusa in speed", "2.36x vs 2.13x: 1.11x (Vicuna-7B)", "hydra-optimal",
+                    "medusa1-optimal", why=why("hydra-optimal", "medusa1-optimal")),
+        _paired_row(summary, "Hydra++ beats Hydra", "2.70x vs 2.36x: 1.14x; 3.70 vs 3.04 accepted (Vicuna-7B)",
+                    "hydra_pp-optimal", "hydra-optimal", why=why("hydra_pp-optimal", "hydra-optimal")),
+        _paired_row(summary, "Hydra++ is 1.31x Medusa", "up to 1.31x (Vicuna-33B: 2.53x vs 1.93x; Vicuna-7B 1.27x)",
+                    "hydra_pp-optimal", "medusa1-optimal", size=1.31, why=why("hydra_pp-optimal", "medusa1-optimal")),
+        _paired_row(summary, "The 63-node tree beats a chain",
+                    "the tree over a chain in Medusa's ablation (A100; no single figure)", "medusa1-sparse64",
+                    "medusa1-chain4", why=_tree_reason(summary, latency))]
+    return [r for r in rows if r is not None]
 
 
 def claims_markdown(rows: list[dict]) -> str:
