@@ -11,6 +11,8 @@ where it is used, or listed in BUILTIN below) and one conf/heads/<name>.yaml tha
 """
 from __future__ import annotations
 
+import copy
+
 from typing import ClassVar
 
 import torch
@@ -84,6 +86,10 @@ class HeadFamily:
         """What head k's first block reads: hidden [..., h] (and path_tokens [..., k+1] when reads_path)."""
         return hidden
 
+    def build_extra(self, heads, decoder) -> None:
+        """The family's own modules beside the heads' blocks, made from the base decoder when the heads are first
+        attached (Hydra++: heads.prefix_layer and heads.prefix_norm). None by default."""
+
     def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
         """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the proposals of `drafter` (a HeadsDrafter,
         models/engine/drafters/heads.py); -> {parent: q [Vd]} when proposals are sampled. After each depth,
@@ -149,3 +155,18 @@ class HydraPP(Hydra):
     prefix_layer = True
     recipes = ("hydra_pp",)
     window_recipes = ()
+
+    def build_extra(self, heads, decoder) -> None:
+        """One extra decoder layer of the base architecture and a final RMSNorm (a 1-layer decoder model).
+        o_proj/down_proj start at zero, so the layer starts as the identity; the norm's weight starts at the RMS
+        of the base's final-norm weight, the typical RMS of the base's final hidden states, so a fresh Hydra++
+        drafts like a fresh Hydra (same direction, about the same scale)."""
+        heads.prefix_layer = copy.deepcopy(decoder.layers[-1])
+        heads.prefix_layer.self_attn.layer_idx = 0
+        heads.prefix_norm = copy.deepcopy(decoder.norm)
+        with torch.no_grad():
+            heads.prefix_layer.self_attn.o_proj.weight.zero_()
+            heads.prefix_layer.mlp.down_proj.weight.zero_()
+            heads.prefix_norm.weight.fill_(float(decoder.norm.weight.float().pow(2).mean().sqrt()))
+        for part in (heads.prefix_layer, heads.prefix_norm):
+            part.to(dtype=torch.float32).train(heads.training)        # copies of eval-mode base modules

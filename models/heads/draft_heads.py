@@ -1,0 +1,275 @@
+"""DraftHeads: the K heads of one family as one module, their config, building, saving and loading
+(the package docstring, models/heads/__init__.py, shows the use)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.base import model_name
+from models.heads.draft_vocab import check_draft_ids, index_in_draft
+from models.heads.families import get_family
+
+CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
+
+
+@dataclass
+class HeadsConfig:
+    family: str
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    base_model: str
+    dropout: float = 0.0
+    share_lm_head: bool = False   # True: every head ends in the frozen base LM head (no own Linear)
+    draft_vocab_size: int | None = None   # heads score this many tokens (DraftHeads.draft_ids); None: all
+
+    def __post_init__(self):
+        get_family(self.family)          # an unknown family fails here, naming the known ones
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise ValueError(f"num_heads and num_layers must be >= 1, got {self.num_heads} and {self.num_layers}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be between 1 and vocab_size="
+                             f"{self.vocab_size}, or None for the full vocabulary")
+
+    @property
+    def out_size(self) -> int:
+        """Logits per head: the draft vocabulary's size (the full vocabulary's without one)."""
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
+
+    @classmethod
+    def for_base(cls, model, family: str, num_heads: int, num_layers: int = 1, dropout: float = 0.0,
+                 share_lm_head: bool = False, draft_vocab_size: int | None = None) -> "HeadsConfig":
+        return cls(family=family, num_heads=num_heads, num_layers=num_layers, hidden_size=model.config.hidden_size,
+                   vocab_size=model.config.vocab_size, base_model=model_name(model), dropout=dropout,
+                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size)
+
+
+class DraftHeads(nn.Module):
+    """All K heads of one family. The base model's embedding and LM head are referenced, never saved.
+
+    Hydra++ (docs/reference.md#heads): dropout before every block and before the LM head; the prefix
+    layer is a 1-layer decoder model over the base's final hidden states, with its own final RMSNorm.
+    """
+
+    def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
+        self.family = get_family(config.family)
+        self.blocks = self.family.build_blocks(h, K, L)
+        self.dropout = nn.Dropout(config.dropout)
+        self.lm_heads = None if config.share_lm_head else nn.ModuleList(
+            [nn.Linear(h, Vd, bias=True) for _ in range(K)])
+        if config.draft_vocab_size is None:
+            if draft_ids is not None:
+                raise ValueError("draft_ids given but config.draft_vocab_size is None (full vocabulary)")
+            self.register_buffer("draft_ids", None)
+            self.register_buffer("draft_index", None)
+        else:
+            if draft_ids is None:
+                raise ValueError(f"config.draft_vocab_size={config.draft_vocab_size} needs its draft_ids "
+                                 "(models/heads/draft_vocab.py most_frequent)")
+            draft_ids = torch.as_tensor(draft_ids)
+            check_draft_ids(draft_ids, config.vocab_size, config.draft_vocab_size)
+            self.register_buffer("draft_ids", draft_ids.long().clone())                         # [Vd], saved
+            self.register_buffer("draft_index", index_in_draft(self.draft_ids, config.vocab_size),
+                                 persistent=False)                                               # [V]
+        # the base LM head's rows for draft_ids (draft vocabulary only): the shared LM head, the Hydra++
+        # teacher and the initial own LM heads; frozen, rebuilt on attach, never saved
+        self.register_buffer("base_rows_weight", None, persistent=False)   # [Vd, h]
+        self.register_buffer("base_rows_bias", None, persistent=False)     # [Vd] when the base LM head has a bias
+        self._frozen_linear: dict = {}
+        self.prefix_layer = None
+        self.prefix_norm = None
+        self._base = {}
+        if base_model is not None:
+            self.attach(base_model, init_from_base=True)
+
+    # -- wiring to the base model -------------------------------------------------------------
+    def attach(self, base_model, init_from_base: bool = False) -> "DraftHeads":
+        """Reference the frozen base embedding / LM head / rotary embedding; optionally initialise from them."""
+        decoder = base_model.get_decoder()
+        lm_head = base_model.get_output_embeddings()
+        self._base = {"embed": base_model.get_input_embeddings(), "lm_head": lm_head,
+                      "rotary": getattr(decoder, "rotary_emb", None)}
+        if self.draft_ids is not None:
+            ids = self.draft_ids.to(lm_head.weight.device)
+            base_b = getattr(lm_head, "bias", None)
+            self.base_rows_weight = lm_head.weight.detach()[ids].clone()
+            self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
+        if self.prefix_layer is None:
+            self.family.build_extra(self, decoder)      # a family's own modules (Hydra++: its prefix layer)
+        if init_from_base and self.lm_heads is not None:
+            weight, bias = self.base_output_weights()
+            with torch.no_grad():
+                for lin in self.lm_heads:
+                    lin.weight.copy_(weight)
+                    if bias is not None:
+                        lin.bias.copy_(bias)
+                    else:
+                        lin.bias.zero_()
+        return self
+
+    @property
+    def is_attached(self) -> bool:
+        """Whether attach(base_model) has wired the frozen base embedding / LM head in."""
+        return bool(self._base)
+
+    def _require_base(self):
+        if not self._base:
+            raise RuntimeError("heads are not attached to a base model; call heads.attach(model) first")
+
+    def base_output_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [Vd, h], bias [Vd] or None): the frozen base LM head restricted to the draft vocabulary."""
+        self._require_base()
+        if self.draft_ids is not None:
+            return self.base_rows_weight, self.base_rows_bias
+        base = self._base["lm_head"]
+        return base.weight, getattr(base, "bias", None)
+
+    def output_layer(self, k: int) -> nn.Linear:
+        """The Linear head k ends in ([h] -> [Vd]): its own, or the frozen base LM head (its draft-vocabulary rows)."""
+        if self.lm_heads is not None:
+            return self.lm_heads[k]
+        self._require_base()
+        if self.draft_ids is None:
+            return self._base["lm_head"]
+        weight, bias = self.base_output_weights()
+        key = (weight.data_ptr(), weight.device, weight.dtype)
+        if self._frozen_linear.get("key") != key:   # a frozen Linear over the buffers (no copy), remade after .to()
+            lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            lin.weight = nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                lin.bias = nn.Parameter(bias, requires_grad=False)
+            self._frozen_linear = {"key": key, "linear": lin}
+        return self._frozen_linear["linear"]
+
+    def output_layers(self) -> list[nn.Linear]:
+        """output_layer(k) of every head (the same module for heads sharing the frozen LM head)."""
+        layers = [self.output_layer(k) for k in range(self.config.num_heads)]
+        return list({id(layer): layer for layer in layers}.values())
+
+    # -- draft vocabulary ----------------------------------------------------------------------
+    def to_token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Positions in the draft vocabulary (e.g. top-k indices of draft_logits) -> token ids."""
+        return index if self.draft_ids is None else self.draft_ids[index]
+
+    def to_draft_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> positions in the draft vocabulary, -1 for tokens outside it."""
+        return token_ids if self.draft_ids is None else self.draft_index[token_ids]
+
+    # -- per-head computation ------------------------------------------------------------------
+    def head_hidden(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden state of head k before its LM head. hidden: [..., h]; path_tokens: [..., k+1] (Hydra)."""
+        if self.family.reads_path:
+            self._require_base()
+        x = self.family.head_input(k, hidden, path_tokens, self._base.get("embed"))
+        for block in self.blocks[k]:                                          # dropout before every block
+            x = block(self.dropout(x))
+        return self.dropout(x)                                                # and before the LM head
+
+    def lm_head(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """[..., h] -> [..., Vd] logits over the draft vocabulary."""
+        linear = self.output_layer(k)
+        return linear(x.to(linear.weight.dtype))
+
+    def draft_logits(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., Vd] of head k over the draft vocabulary (to_token_ids maps positions to token ids)."""
+        return self.lm_head(k, self.head_hidden(k, hidden, path_tokens))
+
+    def head_logits(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., V] of head k over the full vocabulary: the token at t+k+2 given h_t (and x_{t+1..t+k+1}
+        for Hydra); -inf outside the draft vocabulary, so softmax gives the head's distribution over all tokens."""
+        logits = self.draft_logits(k, hidden, path_tokens)
+        if self.draft_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_ids, logits)
+
+    def base_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The frozen base LM head over the draft vocabulary: [..., h] -> [..., Vd] (the Hydra++ teacher)."""
+        weight, bias = self.base_output_weights()
+        return F.linear(hidden.to(weight.dtype), weight, bias)
+
+    # -- Hydra++ prefix layer ------------------------------------------------------------------
+    def prefix_forward(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """Hydra++: the extra decoder layer and its final norm over base hidden states, causal. [B, T, h] -> [B, T, h].
+
+        With a `cache` (a transformers DynamicCache of one layer), earlier positions come from it.
+        Other families return `hidden` unchanged.
+        """
+        if self.prefix_layer is None:
+            return hidden
+        self._require_base()
+        B, T, _ = hidden.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        dtype = self.prefix_layer.self_attn.o_proj.weight.dtype
+        x = hidden.to(dtype)
+        causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        mask = torch.zeros(B, 1, T, past + T, dtype=dtype, device=x.device)
+        mask.masked_fill_(~causal, torch.finfo(dtype).min)
+        pos_emb = self._base["rotary"](x, position_ids)
+        out = self.prefix_layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                                use_cache=cache is not None, position_embeddings=pos_emb)
+        out = out[0] if isinstance(out, tuple) else out
+        return self.prefix_norm(out).to(hidden.dtype)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> Path:
+        """heads_config.json (with draft_vocab_size) + heads.safetensors (with the draft_ids tensor)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_FILE))
+        return folder
+
+
+def build_heads(config: HeadsConfig, base_model, draft_ids: torch.Tensor | None = None) -> DraftHeads:
+    return DraftHeads(config, base_model, draft_ids)
+
+
+def check_compatible(config: HeadsConfig, base_model, source: str = "heads") -> None:
+    """A checkpoint must match the base model's hidden size, vocabulary and name."""
+    expected = {"hidden_size": base_model.config.hidden_size, "vocab_size": base_model.config.vocab_size,
+                "base_model": model_name(base_model)}
+    for key, want in expected.items():
+        got = getattr(config, key)
+        if got != want:
+            raise ValueError(f"{source} was trained for {key}={got!r} but the base model has {key}={want!r}; "
+                             "train heads for this base model or load the matching one")
+
+
+def load_heads(folder: str | Path, base_model):
+    """(base model, heads) from a heads folder; applies and merges a Medusa-2 LoRA adapter when present."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{folder} is not a heads folder (no {CONFIG_FILE}); train it with "
+                                "`python -m pipelines.train heads=...`")
+    config = HeadsConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    check_compatible(config, base_model, source=str(folder))
+    state = load_file(str(folder / WEIGHTS_FILE))
+    draft_ids = state.get("draft_ids")
+    if config.draft_vocab_size is not None:
+        if draft_ids is None:
+            raise ValueError(f"{folder / WEIGHTS_FILE} has no draft_ids tensor but {CONFIG_FILE} says "
+                             f"draft_vocab_size={config.draft_vocab_size}")
+        check_draft_ids(draft_ids, base_model.config.vocab_size, config.draft_vocab_size, source=str(folder))
+    if (folder / ADAPTER_DIR).is_dir():
+        from peft import PeftModel
+
+        base_model = PeftModel.from_pretrained(base_model, str(folder / ADAPTER_DIR)).merge_and_unload().eval()
+    heads = DraftHeads(config, draft_ids=draft_ids if config.draft_vocab_size is not None else None)
+    heads.attach(base_model)  # creates the Hydra++ prefix layer so its weights have a place to load into
+    missing, unexpected = heads.load_state_dict(state, strict=False)
+    if missing or unexpected:  # checked by hand to name the keys: a partial load must never pass silently
+        raise ValueError(f"{folder / WEIGHTS_FILE} does not match a {config.family} heads module: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    return base_model, heads.to(next(base_model.parameters()).device).eval()
