@@ -49,8 +49,9 @@ from models.heads.families import get_family
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
 from models.heads.joint_stage import JointCurve, backbone_drift
+from models.heads.schedules import plan_stages
 from models.heads.fitting import Throughput, fit_resumable
-from models.heads.training import IGNORE_INDEX, MODULES, Medusa1Module, Recipe, on_gpu, resolve_precision
+from models.heads.training import IGNORE_INDEX, Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
 from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
 
@@ -337,54 +338,35 @@ def fit_part(module, train_loader, val_loader, ckpt_dir, fp, epochs, trainer_kwa
 
 
 def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
-    """(module, trainer, {part: summary}) of the recipe's family."""
-    if MODULES[recipe.kind].joint_backbone:
-        return train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger,
-                             cbs, every)
-    module = MODULES[recipe.kind](heads, model, recipe)
-    trainer, part = fit_part(module, loader("train", recipe.kind), loader("val"), ckpt_root,
-                             fingerprint(cfg, data_key, "fit"), epochs, trainer_kwargs, logger, cbs, every)
-    return module, trainer, {"fit": part}
-
-
-def train_medusa2(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
-    """Stage 1: heads only on the frozen base (Medusa-1 with the heads' lr). Stage 2: LoRA backbone + heads,
-    validated every profile.train.joint_val_every_n_steps steps (the curve of head 0 against joint positions)."""
-    from peft import LoraConfig, get_peft_model
-
+    """(the last stage's module and trainer, {stage: summary}): every stage the recipe plans
+    (models/heads/schedules.py), each resumable from its own checkpoints."""
     r, t = cfg.heads.recipe, cfg.profile.train
-    stage1 = max(1, round(float(r.stage1_fraction) * epochs)) if float(r.stage1_fraction) > 0 else 0
-    stage2 = max(1, epochs - stage1)
+    plans = plan_stages(recipe, epochs, float(r.get("stage1_fraction") or 0),
+                        OmegaConf.to_container(r.lora, resolve=True) if r.get("lora") else None,
+                        t.get("joint_max_train_samples"), t.get("joint_val_every_n_steps"))
     parts = {}
-    if stage1:
-        rec1 = dataclasses.replace(recipe, kind="medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
-        module1 = Medusa1Module(heads, model, rec1, log_prefix="stage1/")
-        _, parts["stage1"] = fit_part(module1, loader("train", "medusa1"), loader("val"), ckpt_root / "stage1",
-                                      fingerprint(cfg, data_key, "stage1"), stage1, trainer_kwargs, logger, cbs, every)
-    lora = LoraConfig(r=int(r.lora.r), lora_alpha=int(r.lora.alpha), lora_dropout=float(r.lora.dropout),
-                      target_modules="all-linear", task_type="CAUSAL_LM")
-    backbone = get_peft_model(model, lora)
-    module = MODULES["medusa2"](heads, backbone, recipe)
-    limit = t.get("joint_max_train_samples")
-    curve = JointCurve()
-    kwargs2 = dict(trainer_kwargs)
-    train2 = loader("train", "medusa2", limit=limit)
-    if t.get("joint_val_every_n_steps"):     # at most once an epoch's batches (Lightning refuses a longer interval)
-        kwargs2["val_check_interval"] = min(int(t.joint_val_every_n_steps), len(train2))
-    trainer, parts["stage2"] = fit_part(module, train2, loader("val"),
-                                        ckpt_root / "stage2", fingerprint(cfg, data_key, "stage2"), stage2,
-                                        kwargs2, logger, [*cbs, curve], every)
-    parts["stage2"]["curve"] = curve.points
+    for plan in plans:
+        module = plan.module(heads, model)
+        train, kwargs, extra = loader("train", plan.loader_kind, limit=plan.limit), dict(trainer_kwargs), []
+        if plan.val_every:   # at most once an epoch's batches (Lightning refuses a longer interval)
+            kwargs["val_check_interval"] = min(int(plan.val_every), len(train))
+        if plan.lora is not None:
+            extra = [JointCurve()]
+        trainer, parts[plan.name] = fit_part(module, train, loader("val"), ckpt_root if plan.name == "fit" else
+                                             ckpt_root / plan.name, fingerprint(cfg, data_key, plan.name), plan.epochs,
+                                             kwargs, logger, [*cbs, *extra], every)
+        if extra:
+            parts[plan.name]["curve"] = extra[0].points
     return module, trainer, parts
 
 
-def save_heads(heads, medusa2_module, out_dir: Path) -> None:
-    """heads.save (+ the LoRA adapter for Medusa-2), written beside and renamed into place."""
+def save_heads(heads, joint_module, out_dir: Path) -> None:
+    """heads.save (+ the LoRA adapter of a jointly trained backbone), written beside and renamed into place."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     heads.save(tmp)
-    if medusa2_module is not None:
-        medusa2_module.backbone.save_pretrained(str(tmp / "adapter"))
+    if joint_module is not None:
+        joint_module.backbone.save_pretrained(str(tmp / "adapter"))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
 

@@ -652,3 +652,19 @@ def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
         HeadsConfig.for_base(model, "medusa3", 2)
     with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['hydra', 'hydra_pp', 'medusa1', 'medusa2'\]"):
         Recipe(kind="hydra3")
+
+
+def test_a_recipe_plans_its_own_stages():
+    from models.heads.schedules import plan_stages
+
+    fit = plan_stages(Recipe(kind="hydra", lr=1e-3), epochs=4)
+    assert [(p.name, p.epochs, p.loader_kind, p.lora) for p in fit] == [("fit", 4, "hydra", None)]
+    lora = {"r": 32, "alpha": 16, "dropout": 0.05}
+    joint = Recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0)
+    s1, s2 = plan_stages(joint, epochs=3, stage1_fraction=0.67, lora=lora, joint_limit=192, joint_val_every=20)
+    assert (s1.name, s1.epochs, s1.recipe.kind, s1.loader_kind, s1.lora) == ("stage1", 2, "medusa1", "medusa1", None)
+    assert s1.recipe.lr == pytest.approx(4e-4)                         # the heads' learning rate when alone
+    assert (s2.name, s2.epochs, s2.recipe, s2.limit, s2.val_every, s2.lora) == ("stage2", 1, joint, 192, 20, lora)
+    assert [p.name for p in plan_stages(joint, epochs=2, lora=lora)] == ["stage2"]   # no heads-only stage asked
+    with pytest.raises(ValueError, match="trains the backbone through LoRA"):
+        plan_stages(joint, epochs=2)
