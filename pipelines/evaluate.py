@@ -113,8 +113,8 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
     qtext = json.dumps([[q.question_id, q.category, list(q.turns)] for q in questions])
     settings = {"layout": RECORDS_LAYOUT, "tag": sel.tag, "mode": sel.mode, "seed": int(cfg.seed),
                 "model": plain(cfg.model), "profile": {"name": cfg.profile.name, "eval": plain(cfg.profile.eval)},
-                "eval": {k: plain(cfg.eval[k]) for k in ("temperature_mode", "category_temperatures", "acceptance",
-                                                           "typical", "prompt_lookup", "rotate_order")},
+                "eval": {k: plain(cfg.eval.get(k)) for k in ("temperature_mode", "category_temperatures", "acceptance",
+                                                               "typical", "prompt_lookup", "rotate_order", "drafters")},
                 "questions": hashlib.sha256(qtext.encode()).hexdigest()[:16], "methods": methods_now,
                 "files": {str(p): file_digest(p) for p in [Path(str(cfg.model.files))]
                           + [Path(cfg.paths.results) / "heads" / h for h in sel.heads]},

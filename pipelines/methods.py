@@ -28,7 +28,7 @@ METHOD_MODES = ("auto", "all", "selected")
 @dataclass
 class Method:
     name: str
-    kind: str                      # baseline | heads | pld | pld_hf | reference
+    kind: str                      # baseline | heads | pld | pld_hf | reference | drafter (eval.drafters)
     model: object
     heads: object = None
     tree: TreeSpec | None = None
@@ -38,11 +38,13 @@ class Method:
     tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
     step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
     lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
+    spec: dict | None = None       # kind drafter: its drafter spec (make_drafter)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
                 "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
-                "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup}
+                "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup,
+                **({"drafter": self.spec} if self.spec else {})}
 
 
 # -- 1) which methods ----------------------------------------------------------------------------
@@ -106,6 +108,8 @@ def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
     """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
     if method.kind == "pld":
         return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
+    if method.kind == "drafter":
+        return make_drafter(method.spec)
     if method.kind != "heads":
         return None
     if method.lookup:
@@ -146,6 +150,9 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     if cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]
+    for name, spec in (OmegaConf.to_container(cfg.eval.drafters, resolve=True) if cfg.eval.get("drafters") else {}).items():
+        make_drafter(spec)                # an unknown kind or a bad setting fails here, before any decoding
+        methods.append(Method(name, "drafter", model, reference="baseline", spec=spec))
     # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
     # too; after the LoRA merges, which change the weights
     for m in {id(m.model): m.model for m in methods}.values():

@@ -534,3 +534,31 @@ def test_the_records_fingerprint_follows_settings_questions_trees_and_heads_file
     with caplog.at_level("WARNING", logger="pipelines"):
         assert store.load(0, 1, ["baseline"], 0) is None
     assert "another run's or settings' result" in caplog.text
+
+
+def test_a_new_drafter_is_evaluated_with_one_module_and_one_config_entry(stage_cfg):
+    """A toy drafter (one class, one registration: tests/test_drafters.py) and one entry in eval.drafters: the
+    evaluate stage runs it beside the baseline, times it like every method and checks it lossless."""
+    from omegaconf import open_dict
+
+    from models.engine.drafters import DRAFTERS, register_drafter
+    from pipelines.evaluate import run_evaluation
+    from tests.test_drafters import RepeatDrafter
+
+    register_drafter("toy_repeat")(lambda spec, **_: RepeatDrafter(int(spec["k"])))
+    try:
+        with open_dict(stage_cfg):
+            stage_cfg.profile.eval.families = []
+            stage_cfg.profile.eval.repeats = 1
+            stage_cfg.eval.prompt_lookup.enabled = False
+            stage_cfg.eval.drafters = {"repeat3": {"kind": "toy_repeat", "k": 3}}
+        summary = run_evaluation(stage_cfg)
+    finally:
+        DRAFTERS.pop("toy_repeat")
+    m = summary["methods"]["repeat3"]
+    assert m["kind"] == "drafter" and m["drafter"] == {"kind": "toy_repeat", "k": 3}
+    assert summary["lossless"] and m["questions"] == len(QUESTIONS) and m["speedup"]["mean"] > 0
+    with open_dict(stage_cfg):
+        stage_cfg.eval.drafters = {"eagle": {"kind": "eagle"}}
+    with pytest.raises(ValueError, match="drafter kind 'eagle' is not known"):
+        run_evaluation(stage_cfg)
