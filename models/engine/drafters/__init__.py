@@ -4,11 +4,13 @@
     prompt_lookup   a chain copied from the context                                    prompt_lookup.py
     heads_lookup    the heads' tree with prompt lookup's chain merged in               lookup_branch.py
     fixed           a fixed chain, for timing and tests                                fixed.py
+    eagle           EAGLE-1's draft layer on a fixed tree, autoregressive per depth    eagle.py
 """
-from models.engine.drafters import fixed, lookup_branch, prompt_lookup, tree  # noqa: F401  (register their kinds)
+from models.engine.drafters import eagle, fixed, lookup_branch, prompt_lookup, tree  # noqa: F401  (register their kinds)
 from models.engine.drafters.base import (DRAFTERS, Draft, DraftContext, StepDrafter, make_drafter,  # noqa: F401
                                          register_drafter)
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost  # noqa: F401
+from models.engine.drafters.eagle import EagleDrafter  # noqa: F401
 from models.engine.drafters.fixed import FixedDrafter  # noqa: F401
 from models.engine.drafters.heads import HeadsDrafter  # noqa: F401
 from models.engine.drafters.lookup_branch import LookupBranchDrafter  # noqa: F401
