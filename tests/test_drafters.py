@@ -50,8 +50,8 @@ def test_a_new_drafter_is_one_class_and_one_registration_and_stays_lossless(toy_
 
 
 def test_make_drafter_names_what_it_knows():
-    with pytest.raises(ValueError, match="drafter kind 'eagle' is not known; registered: fixed, heads, heads_lookup"):
-        make_drafter({"kind": "eagle"})
+    with pytest.raises(ValueError, match="drafter kind 'eagle3' is not known; registered: eagle, fixed, heads, heads_lookup"):
+        make_drafter({"kind": "eagle3"})
     assert make_drafter(None) is None and make_drafter({"kind": "none"}) is None
     with pytest.raises(ValueError, match="needs heads=... and a tree"):
         make_drafter({"kind": "heads", "tree": TREES["chain4"]})
