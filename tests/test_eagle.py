@@ -65,6 +65,25 @@ def test_greedy_eagle_equals_baseline(arch):
         assert len(res.new_tokens) == 1 + sum(res.accept_lengths)
 
 
+
+def test_greedy_eagle_equals_baseline_on_short_prompts_and_a_bf16_base():
+    """A 1-token prompt (no accepted pair at the start: an empty draft cache) and a bf16 base (the module
+    computes in float32, the logits come from the bf16 LM head)."""
+    model, tok, eagle = eagle_for(seed=3)
+    for ids in ([5], [5, 6]):
+        base = generate(model, tok, ids, max_new_tokens=8, stop_token_ids=[])
+        res = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": SMALL_TREE}, eagle=eagle),
+                       max_new_tokens=8, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens
+    model = model.to(torch.bfloat16)
+    eagle = EagleModule.from_base(model, seed=1)
+    assert eagle.dtype == torch.float32
+    ids = prompt_ids(tok)
+    base = generate(model, tok, ids, max_new_tokens=12, stop_token_ids=[])
+    res = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": TREES["sparse64"]}, eagle=eagle),
+                   max_new_tokens=12, stop_token_ids=[])
+    assert res.new_tokens == base.new_tokens
+
 def test_the_draft_cache_holds_exactly_the_accepted_pairs():
     """After start + advances (and drafts in between) the draft cache equals the layer run once, causally, over
     every accepted pair (f_t, x_{t+1}), and the kept feature is the last accepted position's."""

@@ -44,6 +44,7 @@ class EagleDrafter:
         self.buf = TreeBuffers.build(spec)
         self.eagle, self.want_probs = eagle, want_probs
         self.logits = BaseLogits(eagle.lm_head, logit_transform(eagle.base_config))   # [R, h] -> [R, V]
+        self.head_dtype = eagle.lm_head.weight.dtype   # the base's (bf16 base: bf16 logits, as its own)
         self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
         self.history: list[tuple[int, torch.Tensor]] = []   # (P, f_{P-1}) after each of the last advances
@@ -121,7 +122,7 @@ class EagleDrafter:
             if pred is None:
                 pred = out.new_empty(buf.num_tokens, out.shape[-1])
             pred[nodes] = out                                                            # [R, h]
-            logits = self.logits(out)                                                    # [R, V]
+            logits = self.logits(out.to(self.head_dtype))                                # [R, V]
             if level.num_ranks > logits.shape[-1]:
                 raise ValueError(f"the tree asks for {level.num_ranks} ranks per node but the vocabulary has "
                                  f"{logits.shape[-1]} tokens")
