@@ -43,7 +43,7 @@ from models.data.conversations import IGNORE_INDEX, tokenize_conversations
 from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenerator, chat_prompt, replay_conversations,
                                 vllm_available)
 from models.data.relabel import relabel_conversations
-from models.data.shards import ShardStore, jsonl_lines, num_shards  # noqa: F401
+from models.data.shards import ShardStore, num_shards
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
