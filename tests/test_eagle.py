@@ -215,3 +215,22 @@ def test_make_drafter_names_what_an_eagle_drafter_misses():
     sampled = SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample")
     with pytest.raises(ValueError, match="top-k drafts only"):
         drafter.start(DraftContext(torch.arange(4), torch.randn(4, model.config.hidden_size), sampled))
+
+
+def test_unroll_is_every_positions_chain_along_its_true_tokens():
+    """unroll(depths=3) row r of depth k equals the layer run from scratch over the true pairs up to r and then
+    the chain (previous prediction, next true token): what the drafter computes when every parent is right."""
+    model, tok, eagle = eagle_for()
+    ids = prompt_ids(tok)[:14]
+    hidden = sequence(model, ids)
+    with torch.inference_mode():
+        preds = eagle.unroll(hidden[None], torch.tensor([ids]), depths=3)
+        assert [tuple(p.shape) for p in preds] == [(1, 13, hidden.shape[-1])] * 3
+        for r in (0, 5, 10):
+            feats, toks = list(hidden[:r + 1]), list(ids[1:r + 2])
+            for k in range(3):
+                out = eagle(torch.stack(feats)[None], torch.tensor([toks]), torch.arange(len(feats))[None])[0, -1]
+                torch.testing.assert_close(preds[k][0, r], out, rtol=1e-4, atol=1e-5)
+                if r + k + 2 < len(ids):
+                    feats.append(out)
+                    toks.append(ids[r + k + 2])

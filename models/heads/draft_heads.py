@@ -104,8 +104,7 @@ class DraftHeads(nn.Module):
             base_b = getattr(lm_head, "bias", None)
             self.base_rows_weight = lm_head.weight.detach()[ids].clone()
             self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
-        if self.prefix_layer is None:
-            self.family.build_extra(self, decoder)      # a family's own modules (Hydra++: its prefix layer)
+        self.family.build_extra(self, base_model)       # a family's own modules (Hydra++: its prefix layer)
         if init_from_base and self.lm_heads is not None:
             weight, bias = self.base_output_weights()
             with torch.no_grad():

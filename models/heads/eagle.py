@@ -2,6 +2,7 @@
 
     eagle = EagleModule.from_base(model, seed=0)                  # fc + one decoder layer of the base's architecture
     pred = eagle(features, next_tokens, position_ids, cache=cache)  # [B, T, h], [B, T], [B, T] -> [B, T, h]
+    preds = eagle.unroll(hidden, input_ids, depths=4)             # every position's chain along the true path
     logits = eagle.logits(pred)                                   # [B, T, h] -> [B, T, V]: the base LM head
     drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)    # models/engine/drafters/eagle.py
 
@@ -26,6 +27,7 @@ import copy
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 
 class EagleModule(nn.Module):
@@ -96,6 +98,34 @@ class EagleModule(nn.Module):
         out = self.layer(x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids,
                          past_key_values=cache, use_cache=cache is not None, position_embeddings=pos_emb)
         return out[0] if isinstance(out, tuple) else out                                    # [B, T, h]
+
+    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, depths: int, noise: float = 0.0) -> list[torch.Tensor]:
+        """The drafts of every position of whole sequences along their true tokens, depth by depth, as the drafter
+        runs them when its parents are right (training, validation and calibration).
+
+        hidden [B, T, h]: the base's features f_0..f_{T-1}; input_ids [B, T]; right padding. -> `depths` tensors
+        [B, T-1, h]: entry k at row r is the feature predicted k+1 steps after the root pair (f_r, x_{r+1}),
+        whose LM head scores x_{r+k+2} (row r of entry k is "head k at position r"). Depth 0 is one causal pass
+        over the pairs (f_t, x_{t+1}); depth k >= 1 runs the pairs (entry k-1 at r, x_{r+k+1}) at positions r+k,
+        each seeing the true pairs up to r and its own chain above it (the draft cache's view in decoding).
+        noise: uniform noise of this width added to the true features (EAGLE's training augmentation)."""
+        B, T, _ = hidden.shape
+        feats = hidden[:, :-1].to(self.dtype)                                       # [B, T-1, h]
+        if noise:
+            feats = feats + (torch.rand_like(feats) - 0.5) * noise
+        pos = torch.arange(T - 1, device=hidden.device).expand(B, -1)               # [B, T-1]
+        tokens = torch.cat([input_ids, input_ids.new_zeros(B, depths)], dim=1)      # x_{r+k+1} past the end: 0
+        cache = DynamicCache()
+        preds = [self(feats, input_ids[:, 1:], pos, cache=cache)]                   # [B, T-1, h]
+        n = T - 1
+        causal = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()   # true pairs up to r
+        own = torch.eye(n, dtype=torch.bool, device=hidden.device)                 # the chain rows of root r
+        for k in range(1, depths):
+            visible = torch.cat([causal, *[own] * k], dim=-1)                       # [n, n * (k + 1)]
+            mask = torch.zeros(B, 1, n, n * (k + 1), dtype=self.dtype, device=hidden.device)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            preds.append(self(preds[-1], tokens[:, k + 1:k + T], pos + k, cache=cache, attention_mask=mask))
+        return preds
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The base LM head over (predicted) features: [..., h] -> [..., V] (without the model's logit

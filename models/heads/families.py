@@ -6,8 +6,8 @@
     family.draft(drafter, tokens, buf)             # a tree's proposals, depth by depth (models/engine/drafters/heads.py)
     family.recipes                                 # the training recipes it takes (models/heads/training.py RECIPES)
 
-Adding a family is one module with a HeadFamily subclass decorated with @register_family (imported
-where it is used, or listed in BUILTIN below) and one conf/heads/<name>.yaml that names it.
+Adding a family is a HeadFamily subclass decorated with @register_family (here, or in a module imported
+where it is used) and one conf/heads/<name>.yaml that names it.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.heads.eagle import EagleModule
 
 FAMILIES: dict[str, "HeadFamily"] = {}
 
@@ -74,6 +76,7 @@ class HeadFamily:
     name: ClassVar[str] = ""
     reads_path: ClassVar[bool] = False        # head k reads the k+1 path tokens above its node (Hydra)
     prefix_layer: ClassVar[bool] = False      # a decoder layer over the base hidden states first (Hydra++)
+    autoregressive: ClassVar[bool] = False    # one draft module run depth after depth over its own outputs (EAGLE)
     recipes: ClassVar[tuple[str, ...]] = ()   # models/heads/training.py RECIPES it can be trained with
     # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
     window_recipes: ClassVar[tuple[str, ...]] = ()
@@ -86,9 +89,10 @@ class HeadFamily:
         """What head k's first block reads: hidden [..., h] (and path_tokens [..., k+1] when reads_path)."""
         return hidden
 
-    def build_extra(self, heads, decoder) -> None:
-        """The family's own modules beside the heads' blocks, made from the base decoder when the heads are first
-        attached (Hydra++: heads.prefix_layer and heads.prefix_norm). None by default."""
+    def build_extra(self, heads, base_model) -> None:
+        """The family's own modules beside the heads' blocks, made from the base model when the heads are first
+        attached (Hydra++: heads.prefix_layer and heads.prefix_norm; EAGLE: heads.eagle); a later attach keeps
+        them. None by default."""
 
     def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
         """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the proposals of `drafter` (a HeadsDrafter,
@@ -156,11 +160,14 @@ class HydraPP(Hydra):
     recipes = ("hydra_pp",)
     window_recipes = ()
 
-    def build_extra(self, heads, decoder) -> None:
+    def build_extra(self, heads, base_model) -> None:
         """One extra decoder layer of the base architecture and a final RMSNorm (a 1-layer decoder model).
         o_proj/down_proj start at zero, so the layer starts as the identity; the norm's weight starts at the RMS
         of the base's final-norm weight, the typical RMS of the base's final hidden states, so a fresh Hydra++
         drafts like a fresh Hydra (same direction, about the same scale)."""
+        if heads.prefix_layer is not None:
+            return
+        decoder = base_model.get_decoder()
         heads.prefix_layer = copy.deepcopy(decoder.layers[-1])
         heads.prefix_layer.self_attn.layer_idx = 0
         heads.prefix_norm = copy.deepcopy(decoder.norm)
@@ -170,3 +177,24 @@ class HydraPP(Hydra):
             heads.prefix_norm.weight.fill_(float(decoder.norm.weight.float().pow(2).mean().sqrt()))
         for part in (heads.prefix_layer, heads.prefix_norm):
             part.to(dtype=torch.float32).train(heads.training)        # copies of eval-mode base modules
+
+
+@register_family
+class Eagle(HeadFamily):
+    """EAGLE-1 (models/heads/eagle.py): one decoder layer over (feature, next token) pairs, run autoregressively
+    over its own predicted features; it ends in the heads' (shared) LM head over the draft vocabulary. `num_heads`
+    is the number of depths it is measured on (and, with the recipe's `unroll`, trained on); the blocks are empty.
+    Drafted by models/engine/drafters/eagle.py (EagleProposer), not by draft() below."""
+    name = "eagle"
+    autoregressive = True
+    recipes = ("eagle",)
+
+    def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
+        return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
+
+    def build_extra(self, heads, base_model) -> None:
+        if getattr(heads, "eagle", None) is None:
+            heads.eagle = EagleModule.from_base(base_model).train(heads.training)
+
+    def draft(self, drafter, tokens, buf) -> dict:
+        raise TypeError("eagle heads draft with models.engine.drafters.eagle.EagleProposer, not HeadsDrafter")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from models.heads import eagle_training  # noqa: F401  (registers the "eagle" recipe)
 from models.heads.training import MODULES, Recipe
 
 

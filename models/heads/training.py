@@ -18,9 +18,11 @@ out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary head
   HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal: 1.0^k)
   HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)
   Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k
+  EagleFitModule  EAGLE's draft layer (models/heads/eagle_training.py, registered as "eagle")
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from dataclasses import dataclass, fields
@@ -51,12 +53,20 @@ class Recipe:
     medusa_lambda: float = 0.2          # Medusa-2: weight of the heads' loss
     lambda_schedule: str = "sine"       # Medusa-2: sine | constant
     lm_loss: str = "kl"                 # Medusa-2: kl (to the adapters-off model) | ce (to the labels)
+    feature_loss_weight: float = 0.0    # EAGLE: SmoothL1 of the predicted feature to the base's
+    feature_noise: float = 0.0          # EAGLE: width of the uniform noise on the input features while training
+    unroll: int = 1                     # EAGLE: depths trained (>1: each on the draft's own predicted features)
 
     def __post_init__(self):
+        if self.kind not in RECIPES:
+            for module in RECIPE_MODULES:                 # recipes registered in their own modules
+                importlib.import_module(module)
         if self.kind not in RECIPES:
             raise ValueError(f"recipe kind {self.kind!r} is not known; use one of {sorted(RECIPES)}")
         if self.lambda_schedule not in ("sine", "constant"):
             raise ValueError(f"lambda_schedule {self.lambda_schedule!r}: use sine or constant")
+        if self.unroll < 1:
+            raise ValueError(f"unroll={self.unroll}: train at least one depth")
         if self.lm_loss not in ("kl", "ce"):
             raise ValueError(f"lm_loss {self.lm_loss!r}: use kl (self-distilled data) or ce")
 
@@ -152,6 +162,9 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 RECIPES: dict[str, type["HeadsModule"]] = {}    # recipe kind -> LightningModule (conf/heads/<name>.yaml recipe.kind)
+# modules that register recipes of their own (they import this one; models/heads/schedules.py imports them
+# for the train stage, a Recipe of their kind imports them too)
+RECIPE_MODULES = ("models.heads.eagle_training",)
 
 
 def register_recipe(kind: str):

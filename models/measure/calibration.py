@@ -103,6 +103,8 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     hidden = model.get_decoder()(input_ids=ids[None], position_ids=pos).last_hidden_state   # [1, T, h]
     greedy = torch.full((T,), -1, dtype=torch.long, device=device)                            # [T]: g_{s+1}, s >= start
     greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
+    # EAGLE: depth d at t is the draft d steps along the true path ([1, T-1, h] per depth)
+    drafts = heads.eagle.unroll(hidden, ids[None], D) if heads.family.autoregressive else None
     hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]
@@ -115,7 +117,8 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             rows = sel[c:c + chunk]
             tt = t[rows]                                            # [n]
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
-            logits = heads.draft_logits(d - 1, hidden[tt], path)    # [n, Vd]: the draft vocabulary only
+            logits = (heads.draft_logits(d - 1, hidden[tt], path) if drafts is None   # [n, Vd]: the draft
+                      else heads.lm_head(0, drafts[d - 1][0, tt]))                      # vocabulary only
             top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))

@@ -1,8 +1,9 @@
-"""EAGLE-1 on a fixed tree: the draft layer (models/heads/eagle.py) run autoregressively over its own predicted
-features, one batched forward per depth.
+"""EAGLE-1's proposals on a tree: the draft layer (models/heads/eagle.py) run autoregressively over its own
+predicted features, one batched forward per depth. TreeDrafter (tree.py) drives it like the heads' drafter:
 
-    eagle = EagleModule.from_base(model, seed=0)
-    drafter = make_drafter({"kind": "eagle", "tree": spec, "want_probs": True}, eagle=eagle)
+    drafter = make_drafter({"kind": "heads", "tree": spec}, heads=eagle_heads)   # a DraftHeads of family eagle:
+                                                                                 # its LM head, draft vocabulary
+    drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)         # a bare EagleModule: full vocabulary
     res = generate(model, tok, ids, drafter=drafter)
 
 State after start/advance, with P positions accepted (the base cache holds 0..P-1, the root x_P is next): the
@@ -10,60 +11,68 @@ draft cache holds the pairs (f_t, x_{t+1}) of t = 0..P-2, i.e. P-1 rows, all of 
 is f_{P-1}, the base's hidden state of the last accepted position. advance() appends the pairs the accepted
 path completes: (f_{P-1}, x_P), (f_P, x_{P+1}), ..., so the draft cache never holds a rejected position.
 
-draft(root) drafts the tree below the root depth by depth. Node i at depth d is the pair (its parent's
+draft(root, buf) drafts the tree below the root depth by depth. Node i at depth d is the pair (its parent's
 predicted feature, token i) at position P-1+d; the root's pair is (f_{P-1}, root). Only the nodes with children
 are run: those of one depth in one forward whose rows are appended to the draft cache behind the accepted ones,
 with a 4-D additive mask (every accepted row visible; of the drafted rows, the node's ancestors and itself:
-the tree mask, as the base's verify step). The node's predicted feature through the base LM head (and the
-model's logit transform) gives its children: the top-k ranks the tree asks for. The drafted rows are cropped
-off at the end of draft(), so the cache again holds the accepted pairs only.
+the tree mask, as the base's verify step). The node's predicted feature through the LM head gives its
+children: the top-k ranks the tree asks for. The drafted rows are cropped off at the end of draft(), so the
+cache again holds the accepted pairs only.
 
-Greedy drafts only (greedy, typical acceptance, or sampling with draft="topk"); the full vocabulary (no draft
-vocabulary); the draft layer attends to the whole context (a sliding window is not applied to it).
+Greedy drafts only (greedy, typical acceptance, or sampling with draft="topk"); the draft layer attends to the
+whole context (a sliding window is not applied to it).
 """
 from __future__ import annotations
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.kv_cache import new_cache
-from models.engine.projection import BaseLogits, logit_transform
-from models.engine.trees import TreeBuffers, TreeSpec
+from models.engine.projection import BaseLogits, logit_transform, project
+from models.engine.trees import TreeBuffers
 
-__all__ = ["EagleDrafter"]
+__all__ = ["EagleProposer"]
 
 
-class EagleDrafter:
-    """EAGLE-1's proposals on a fixed tree (cut to max_depth near the limits). want_probs: every Draft carries
-    node_probs, the product of the draft's softmax probabilities root -> node."""
+class EagleProposer:
+    """The draft layer's state and proposals. heads: a DraftHeads of the eagle family (its layer, its LM head
+    over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full
+    vocabulary with the model's logit transform. want_probs: draft() also returns node_probs, the product of the
+    draft's softmax probabilities root -> node."""
 
     HISTORY = 16                                       # rewind reaches the ends of the last HISTORY advances
 
-    def __init__(self, eagle, tree: TreeSpec | TreeBuffers, want_probs: bool = False):
-        spec = tree.spec if isinstance(tree, TreeBuffers) else tree
-        self.buf = TreeBuffers.build(spec)
-        self.eagle, self.want_probs = eagle, want_probs
-        self.logits = BaseLogits(eagle.lm_head, logit_transform(eagle.base_config))   # [R, h] -> [R, V]
-        self.head_dtype = eagle.lm_head.weight.dtype   # the base's (bf16 base: bf16 logits, as its own)
+    def __init__(self, heads=None, eagle=None, want_probs: bool = False):
+        if (heads is None) == (eagle is None):
+            raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
+        self.eagle, self.want_probs = (heads.eagle if heads is not None else eagle), want_probs
+        if heads is not None:
+            linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
+            self.logits = lambda x: project(linear, x)
+            self.head_dtype = linear.weight.dtype
+        else:
+            self.logits = BaseLogits(self.eagle.lm_head, logit_transform(self.eagle.base_config))   # [R, h] -> [R, V]
+            self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
         self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
         self.history: list[tuple[int, torch.Tensor]] = []   # (P, f_{P-1}) after each of the last advances
 
     # -- state ---------------------------------------------------------------------------------
-    def start(self, ctx: DraftContext) -> None:
-        """The prompt's pairs (f_t, x_{t+1}), t = 0..T-2, into a fresh draft cache; f_{T-1} kept."""
-        if ctx.sampling.samples_drafts:
+    def start(self, hidden: torch.Tensor, sampling, generator=None, input_ids: torch.Tensor | None = None) -> None:
+        """The prompt's pairs (f_t, x_{t+1}), t = 0..T-2, into a fresh draft cache; f_{T-1} kept. hidden [T, h],
+        input_ids [T]."""
+        if sampling.samples_drafts:
             raise ValueError("the eagle drafter proposes top-k drafts only: use greedy or typical acceptance, or "
                              "acceptance=sampling with draft='topk' (sampled EAGLE drafts are not implemented)")
+        if input_ids is None:
+            raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
         self.cache, self.history = new_cache(), []
-        ids, hidden = ctx.input_ids, ctx.hidden                                    # [T], [T, h]
         T = hidden.shape[0]
         if T > 1:
             pos = torch.arange(T - 1, device=hidden.device)[None]                  # [1, T-1]
-            self.eagle(hidden[None, :-1], ids[None, 1:], pos, cache=self.cache)
+            self.eagle(hidden[None, :-1], input_ids[None, 1:].to(hidden.device), pos, cache=self.cache)
         self.keep(T, hidden[-1])
 
-    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+    def advance(self, hidden: torch.Tensor, position: int, tokens: list[int] | None = None) -> None:
         """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
         pairs (f_{position-1}, x_position), (f_position, x_{position+1}), ... at positions position-1 ..."""
         if self.cache.get_seq_length() != position - 1:
@@ -92,8 +101,8 @@ class EagleDrafter:
 
     # -- proposals -----------------------------------------------------------------------------
     @torch.no_grad()
-    def draft(self, root: int, max_depth: int) -> Draft:
-        buf = self.buf.to_depth(max_depth)
+    def draft(self, root: int, buf: TreeBuffers):
+        """-> (tree tokens [N] for buffers `buf` (node 0 = root), None (no sampled q), node_probs [N] or None)."""
         device = self.feature.device
         tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=device)            # [N]
         tokens[0] = root
@@ -103,7 +112,7 @@ class EagleDrafter:
             self.draft_levels(buf, tokens, probs, accepted)
         finally:
             self.cache.crop(accepted - self.cache.get_seq_length())                     # drafted rows off
-        return Draft(buf, tokens, None, probs)
+        return tokens, None, probs
 
     def draft_levels(self, buf: TreeBuffers, tokens: torch.Tensor, probs: torch.Tensor | None, accepted: int) -> None:
         """Fill tokens (and probs) of every depth of `buf` in place; the draft cache grows by the rows run."""
@@ -122,22 +131,12 @@ class EagleDrafter:
             if pred is None:
                 pred = out.new_empty(buf.num_tokens, out.shape[-1])
             pred[nodes] = out                                                            # [R, h]
-            logits = self.logits(out.to(self.head_dtype))                                # [R, V]
+            logits = self.logits(out.to(self.head_dtype))                                # [R, Vd]
             if level.num_ranks > logits.shape[-1]:
-                raise ValueError(f"the tree asks for {level.num_ranks} ranks per node but the vocabulary has "
+                raise ValueError(f"the tree asks for {level.num_ranks} ranks per node but the draft scores "
                                  f"{logits.shape[-1]} tokens")
             top = torch.topk(logits, level.num_ranks, dim=-1)                            # [R, k]
-            tokens[level.nodes] = top.indices[level.parent_slot, level.ranks]
+            tokens[level.nodes] = self.to_ids(top.indices[level.parent_slot, level.ranks])
             if probs is not None:                                                        # softmax at the top-k
                 p = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()   # [R, k]
                 probs[level.nodes] = probs[buf.parent[level.nodes]] * p[level.parent_slot, level.ranks].float().cpu()
-
-
-@register_drafter("eagle")
-def build(spec: dict, eagle=None, **_) -> EagleDrafter:
-    """spec: tree (TreeSpec or TreeBuffers), want_probs (optional); eagle: models.heads.eagle.EagleModule."""
-    missing = [what for what, have in (("eagle=EagleModule(...)", eagle is not None),
-                                       ("a tree in its spec", spec.get("tree") is not None)) if not have]
-    if missing:
-        raise ValueError(f"an eagle drafter needs {' and '.join(missing)}")
-    return EagleDrafter(eagle, spec["tree"], bool(spec.get("want_probs", False)))

@@ -54,16 +54,18 @@ class HeadsDrafter:
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
     # -- state ---------------------------------------------------------------------------------
-    def start(self, hidden: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> None:
+    def start(self, hidden: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
+              input_ids: torch.Tensor | None = None) -> None:
         """hidden: [T, h] base hidden states of the whole prompt (positions 0..T-1); sampling: how drafts are
-        proposed (top-k ranks, or draws when sampling.samples_drafts, from `generator`)."""
+        proposed (top-k ranks, or draws when sampling.samples_drafts, from `generator`); input_ids: unused (the
+        heads read hidden states only)."""
         self.sampling, self.generator = sampling, generator
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.history = []
         self.advance(hidden, 0)
 
-    def advance(self, hidden: torch.Tensor, position: int) -> None:
-        """hidden: [m, h] base hidden states of newly accepted positions position..position+m-1."""
+    def advance(self, hidden: torch.Tensor, position: int, tokens: list[int] | None = None) -> None:
+        """hidden: [m, h] base hidden states of newly accepted positions position..position+m-1 (tokens: unused)."""
         if self.prefix_cache is None:
             h = hidden[-1]
         else:

@@ -1,0 +1,61 @@
+"""Training EAGLE's draft layer (docs/reference.md#autoregressive-drafters): recipe kind "eagle".
+
+    module = EagleFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
+                                                      teacher_loss_weight=0.1, feature_noise=0.2))
+
+The heads are a DraftHeads of the eagle family (models/heads/families.py): heads.eagle is the layer, the heads'
+LM head (the frozen base LM head over the draft vocabulary when shared) scores its predicted features. Depth k
+at position t is the draft k+1 steps after the root pair (f_t, x_{t+1}) along the true tokens (EagleModule.unroll),
+and predicts the feature f_{t+k+1}, whose LM head gives token t+k+2: Medusa's head-k indexing, so the targets,
+positions and validation top-k are the other families'. Per depth k < recipe.unroll:
+
+    loss_k = feature_loss_weight * SmoothL1(pred, f_{t+k+1}) + teacher_loss_weight * softCE(LM(pred), LM(f_{t+k+1}))
+             + lm_loss_weight * CE(LM(pred), x_{t+k+2})             summed with weights head_decay^k
+
+EAGLE-1 is unroll=1 (its own inputs are always the base's features, with uniform noise); unroll > 1 trains
+the deeper depths on the layer's own predictions, as EAGLE-3's training-time test does. Validation measures
+all num_heads depths whatever unroll is.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.heads.training import HeadsModule, head_positions, register_recipe, soft_cross_entropy
+
+
+@register_recipe("eagle")
+class EagleFitModule(HeadsModule):
+    """The frozen base's features in (from the hidden cache when the batch has them), heads.eagle trained."""
+
+    def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
+        r, heads = self.recipe, self.heads
+        hidden = self.base_hidden(batch)                                                # [B, T, h]
+        depths = min(r.unroll, heads.config.num_heads) if self.training else heads.config.num_heads
+        preds = heads.eagle.unroll(hidden, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
+        total, per_head, extra = hidden.new_zeros(()), [], {}
+        for k in range(heads.config.num_heads):
+            b, t, target = head_positions(batch["labels"], k, batch.get("sources"))
+            if k >= len(preds) or len(t) == 0:
+                per_head.append(None)
+                continue
+            pred, feature = preds[k][b, t], hidden[b, t + k + 1].to(preds[k].dtype)    # [N, h] each
+            logits = heads.lm_head(0, heads.dropout(pred))                             # [N, Vd]
+            loss_k = logits.new_zeros(())
+            if k < r.unroll:
+                if r.feature_loss_weight:
+                    feature_loss = F.smooth_l1_loss(pred.float(), feature.float())
+                    loss_k = loss_k + r.feature_loss_weight * feature_loss
+                    extra[f"feature_loss_head{k}"] = feature_loss.detach()
+                if r.teacher_loss_weight:
+                    with torch.no_grad():
+                        teacher = heads.base_draft_logits(feature)                      # [N, Vd]
+                    loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher)
+                if r.lm_loss_weight:
+                    index = heads.to_draft_index(target)
+                    inside = index >= 0
+                    if inside.any():
+                        loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(logits[inside].float(), index[inside])
+                total = total + r.head_weight(k) * loss_k
+            per_head.append((loss_k.detach(), logits.detach(), target))
+        return total, per_head, extra
