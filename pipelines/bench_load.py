@@ -345,7 +345,7 @@ def main(cfg: DictConfig) -> None:
     print_table(results, settings)
     record = {"model": cfg.model.name, "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
-              "pipelines_omp_policy": pipelines.OMP_POLICY, "settings": settings, "results": results}
+              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results}
     path = write_json(f"{cfg.paths.results}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
 

@@ -9,7 +9,7 @@
     state = prefill(model, input_ids [1, T], sampling, generator, drafter)   # the loop, by hand
     tokens, drafted = decode_step(state, drafter, max_depth)                 # one step; tokens[-1] = state.root
 
-One step (decode_step; docs/design.md#the-decode-step):
+One step (decode_step; DESIGN.md section 3):
   1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers: the
              heads' fixed tree (TreeDrafter), a chain of context tokens (prompt lookup); m = 0 drafts
              (or no drafter) is a plain 1-token step

@@ -1,6 +1,6 @@
 """Draft heads: Medusa (independent per depth), Hydra (sequentially dependent), Hydra++.
 
-Indexing (docs/reference.md#heads): the base LM head at position t predicts token t+1;
+Indexing (REFERENCE.md section 1): the base LM head at position t predicts token t+1;
 draft head k (k = 0..K-1) at position t predicts token t+k+2.
 
     heads = build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=4, draft_vocab_size=4096), model,
@@ -69,7 +69,7 @@ class HeadsConfig:
 class DraftHeads(nn.Module):
     """All K heads of one family. The base model's embedding and LM head are referenced, never saved.
 
-    Hydra++ (docs/reference.md#heads): dropout before every block and before the LM head; the prefix
+    Hydra++ (REFERENCE.md section 7): dropout before every block and before the LM head; the prefix
     layer is a 1-layer decoder model over the base's final hidden states, with its own final RMSNorm.
     """
 

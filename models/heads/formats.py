@@ -1,4 +1,4 @@
-"""Trained heads in the formats other code loads, and those formats read back (docs/reference.md#formats).
+"""Trained heads in the formats other code loads, and those formats read back (docs/reference.md#formats-other-tools-load).
 
     report = export_heads(heads, "out/medusa1-vllm", fmt="vllm")     # -> {"format", "files", "notes"}
     heads = import_heads("medusa-vicuna-7b", base_model, fmt="medusa")   # e.g. released official Medusa heads

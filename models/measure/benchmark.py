@@ -7,7 +7,7 @@ drives it.
     rec = TurnRecord.from_generation(q, turn=1, method="pld_hf", run=0, result=prompt_lookup_generate(...))
     summary = summarize_method(runs_of_method, runs_of_baseline)  # speedups, accept length, per category
 
-Metrics follow Spec-Bench (docs/reference.md#evaluation-protocol): per-question throughput = new tokens of all its
+Metrics follow Spec-Bench (REFERENCE.md section 4): per-question throughput = new tokens of all its
 turns / their wall time; speedup = mean per-question throughput of a method / the baseline's in the
 same run, over the questions both ran; mean accepted tokens = mean over decoding steps of tokens
 emitted per step (baseline 1); mean and (population) std over runs. Beside it, the decode-only
@@ -86,7 +86,7 @@ def chat_input_ids(tokenizer, user_turns: list[str], answers: list[str]) -> list
 
 
 def category_temperature(category: str, mode: str, temperatures: dict) -> float:
-    """0 in greedy mode; docs/reference.md#evaluation-protocol's per-category temperature in category mode."""
+    """0 in greedy mode; REFERENCE.md section 4's per-category temperature in category mode."""
     if mode == "greedy":
         return 0.0
     if mode != "category":
