@@ -42,8 +42,8 @@ def run_export(cfg: DictConfig) -> dict:
         if not folder.is_dir():
             raise FileNotFoundError(f"no trained heads in {folder}: train them with `python -m pipelines.train "
                                     f"heads={cfg.heads.name}` or point heads_dir=... at a heads folder")
-        _, heads = load_heads(folder, model)
-        report = export_heads(heads, export_folder(cfg), fmt, has_adapter=(folder / ADAPTER_DIR).is_dir())
+        model, heads = load_heads(folder, model)
+        report = export_heads(heads, model, export_folder(cfg), fmt, has_adapter=(folder / ADAPTER_DIR).is_dir())
     for note in report.get("notes", []):
         log.warning("export.format=%s: %s", fmt, note)
     print(json.dumps(report, indent=2))

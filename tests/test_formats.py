@@ -75,7 +75,7 @@ def assert_same_drafts(a, b, model, tok):
 def test_round_trip_keeps_weights_drafts_and_output(tiny, tmp_path, fmt, family, shared, draft_vocab, num_layers):
     model, tok = tiny
     heads = make_heads(model, family, shared=shared, draft_vocab=draft_vocab, num_layers=num_layers)
-    report = export_heads(heads, tmp_path / fmt, fmt)
+    report = export_heads(heads, model, tmp_path / fmt, fmt)
     config = json.loads((tmp_path / fmt / "config.json").read_text())
     back = import_heads(tmp_path / fmt, model, fmt)
     assert back.config.family == family and back.config.num_heads == 3 and back.config.num_layers == num_layers
@@ -104,7 +104,7 @@ def test_round_trip_keeps_weights_drafts_and_output(tiny, tmp_path, fmt, family,
 
 def test_official_medusa_format_drops_the_draft_vocabulary_and_says_so(tiny, tmp_path):
     model, _ = tiny
-    report = export_heads(make_heads(model, "medusa", shared=True, draft_vocab=48), tmp_path, "medusa")
+    report = export_heads(make_heads(model, "medusa", shared=True, draft_vocab=48), model, tmp_path, "medusa")
     assert any("draft vocabulary not carried" in n and "format=vllm" in n for n in report["notes"])
 
 
@@ -121,18 +121,18 @@ def test_official_medusa_format_drops_the_draft_vocabulary_and_says_so(tiny, tmp
 def test_what_a_format_cannot_hold_is_refused(tiny, tmp_path, fmt, family, kwargs, message):
     model, _ = tiny
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
-        export_heads(make_heads(model, family, **kwargs), tmp_path, fmt)
+        export_heads(make_heads(model, family, **kwargs), model, tmp_path, fmt)
 
 
 def test_heads_trained_with_adapters_are_refused(tiny, tmp_path):
     model, _ = tiny
     with pytest.raises(ValueError, match="LoRA adapters"):
-        export_heads(make_heads(model, "medusa", shared=True), tmp_path, "vllm", has_adapter=True)
+        export_heads(make_heads(model, "medusa", shared=True), model, tmp_path, "vllm", has_adapter=True)
 
 
 def test_import_refuses_a_file_that_does_not_fit(tiny, tmp_path):
     model, _ = tiny
-    export_heads(make_heads(model, "medusa", shared=True), tmp_path, "medusa")
+    export_heads(make_heads(model, "medusa", shared=True), model, tmp_path, "medusa")
     meta = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**meta, "medusa_num_heads": 5}))
     with pytest.raises(ValueError, match="holds 3 heads but config.json says medusa_num_heads=5"):

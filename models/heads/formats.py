@@ -1,6 +1,6 @@
 """Trained heads in the formats other code loads, and those formats read back (docs/reference.md#formats-other-tools-load).
 
-    report = export_heads(heads, "out/medusa1-vllm", fmt="vllm")     # -> {"format", "files", "notes"}
+    report = export_heads(heads, model, "out/medusa1-vllm", fmt="vllm")     # -> {"format", "files", "notes"}
     heads = import_heads("medusa-vicuna-7b", base_model, fmt="medusa")   # e.g. released official Medusa heads
 
 - medusa: the authors' Medusa code. `medusa_lm_head.pt` ({h}.{l}.linear.weight/bias, {h}.{L}.weight: a full-
@@ -49,10 +49,10 @@ def _check_exportable(heads: DraftHeads, fmt: str, has_adapter: bool) -> None:
                          "embedding live in the base")
 
 
-def _full_lm_head(heads: DraftHeads, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _full_lm_head(heads: DraftHeads, base, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Head k's LM head over the full vocabulary: (weight [V, h], bias [V] or None). Rows outside the draft
     vocabulary keep the base's weights (shared head) or zeros (own head); their bias is OUTSIDE_DRAFT_VOCAB."""
-    cfg, base = heads.config, heads._base["lm_head"]
+    cfg = heads.config
     own = heads.lm_heads[k] if heads.lm_heads is not None else None
     base_bias = getattr(base, "bias", None)
     if heads.draft_ids is None:
@@ -67,7 +67,7 @@ def _full_lm_head(heads: DraftHeads, k: int) -> tuple[torch.Tensor, torch.Tensor
     return weight, bias
 
 
-def _medusa_state(heads: DraftHeads, notes: list[str]) -> dict[str, torch.Tensor]:
+def _medusa_state(heads: DraftHeads, base, notes: list[str]) -> dict[str, torch.Tensor]:
     cfg = heads.config
     if cfg.num_layers > 1:
         raise ValueError(f"num_layers={cfg.num_layers}: the official Medusa code builds a head's blocks as one "
@@ -77,13 +77,13 @@ def _medusa_state(heads: DraftHeads, notes: list[str]) -> dict[str, torch.Tensor
         raise ValueError("these heads have their own LM heads, with a bias (and over the draft vocabulary when they "
                          "have one); the official Medusa LM head is a full-vocabulary Linear without bias; "
                          "format=hydra holds own LM heads")
-    if getattr(heads._base["lm_head"], "bias", None) is not None:
+    if getattr(base, "bias", None) is not None:
         raise ValueError("the base LM head has a bias, which the official Medusa LM head (no bias) cannot hold")
     state = {}
     for k in range(cfg.num_heads):
         block = heads.blocks[k][0].linear
         state[f"{k}.0.linear.weight"], state[f"{k}.0.linear.bias"] = block.weight.detach(), block.bias.detach()
-        state[f"{k}.1.weight"] = heads._base["lm_head"].weight.detach()     # the shared LM head, full vocabulary
+        state[f"{k}.1.weight"] = base.weight.detach()       # the shared LM head, full vocabulary
     if heads.draft_ids is not None:
         notes.append(f"draft vocabulary not carried (the format has no token map): the exported heads score all "
                      f"{cfg.vocab_size} tokens, so their top-k can differ from these heads' over "
@@ -119,7 +119,7 @@ def _vllm_state(heads: DraftHeads, notes: list[str]) -> tuple[dict[str, torch.Te
     return state, config
 
 
-def _hydra_state(heads: DraftHeads, notes: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+def _hydra_state(heads: DraftHeads, base, notes: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
     cfg = heads.config
     if cfg.num_layers > 2:
         raise ValueError(f"num_layers={cfg.num_layers}: the official Hydra code builds blocks 1..L-1 of a head as "
@@ -137,7 +137,7 @@ def _hydra_state(heads: DraftHeads, notes: list[str]) -> tuple[dict[str, torch.T
         for i, block in enumerate(rest, start=1):
             at = f"hydra_mlp.{k}.{step * i + step - 1}"
             state[f"{at}.linear.weight"], state[f"{at}.linear.bias"] = block.linear.weight.detach(), block.linear.bias.detach()
-        weight, bias = _full_lm_head(heads, k)
+        weight, bias = _full_lm_head(heads, base, k)
         lm = f"hydra_lm_head.{k}.1" if prefix else f"hydra_lm_head.{k}"
         state[f"{lm}.weight"] = weight
         state[f"{lm}.bias"] = torch.zeros(cfg.vocab_size) if bias is None else bias
@@ -156,15 +156,16 @@ def _hydra_state(heads: DraftHeads, notes: list[str]) -> tuple[dict[str, torch.T
     return state, config
 
 
-def export_heads(heads: DraftHeads, folder: str | Path, fmt: str, has_adapter: bool = False) -> dict:
-    """Write `heads` to `folder` in format `fmt`; -> {"format", "files", "notes"} (notes: what differs there)."""
+def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, has_adapter: bool = False) -> dict:
+    """Write `heads` (attached to `base_model`) to `folder` in format `fmt`; -> {"format", "files", "notes"}
+    (notes: what differs there)."""
     _check_exportable(heads, fmt, has_adapter)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     cfg = heads.config
     if fmt == "medusa":
-        state = _medusa_state(heads, notes)
+        state = _medusa_state(heads, base_model.get_output_embeddings(), notes)
         config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers,
                   "base_model_name_or_path": cfg.base_model}
         weights = folder / "medusa_lm_head.pt"
@@ -174,7 +175,7 @@ def export_heads(heads: DraftHeads, folder: str | Path, fmt: str, has_adapter: b
         weights = folder / "model.safetensors"
         save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(weights))
     else:
-        state, config = _hydra_state(heads, notes)
+        state, config = _hydra_state(heads, base_model.get_output_embeddings(), notes)
         weights = folder / "hydra_lm_head.pt"
         torch.save({k: v.contiguous().cpu() for k, v in state.items()}, weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
