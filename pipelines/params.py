@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
