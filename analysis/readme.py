@@ -9,9 +9,10 @@ import json
 import sys
 from pathlib import Path
 
+from analysis.comparisons import FAMILY_LABELS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- headline: written by `python -m analysis.readme` -->", "<!-- /headline -->"
-FAMILIES = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++"}
 TREES = {"optimal": "calibrated tree", "optimal_pld": "calibrated tree + prompt lookup"}
 LOOKUPS = {"pld": "prompt lookup (this decoder)", "pld_hf": "prompt lookup (transformers)"}
 
@@ -25,7 +26,7 @@ def _cell(value: float | None, ci: list | None, unit: str = "") -> str:
 def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
     methods = metrics.get("methods", {})
     rows = [(label, methods[name]) for name, label in LOOKUPS.items() if name in methods]
-    for family, flabel in FAMILIES.items():
+    for family, flabel in FAMILY_LABELS.items():
         for tree, tlabel in TREES.items():
             name = f"{family}-{tree}"
             if name in methods:

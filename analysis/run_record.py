@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-FAMILY_LABELS = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++", "eagle": "EAGLE"}
+from analysis.comparisons import FAMILY_LABELS
 
 
 def _minutes(seconds: float | None) -> str:
