@@ -17,7 +17,7 @@ the two PLDs), written to results/eval/<heads>-<tree>/ and reports/metrics/evalu
 In DVC: stage `evaluate` runs eval.methods=all; `dvc exp run -S heads=hydra_pp -S tree=sparse64` adds
 the stage evaluate_selected@hydra_pp-sparse64 (eval.selected_runs) and leaves `evaluate` as it was.
 
-Protocol (REFERENCE.md section 4): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
+Protocol (docs/reference.md#evaluation-protocol): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
 the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
 eval.temperature_mode=category; for each question the methods run back to back, their order rotated
 from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs. Every

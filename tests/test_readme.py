@@ -1,5 +1,5 @@
-"""The front page and the docs stay true: the README's headline table is the committed metrics', and every
-`docs/<file>.md#<section>` a docstring cites exists."""
+"""The front page and the docs stay true: the README's headline table is the committed metrics', the
+repository cites only its own files, and every `docs/<file>.md#<section>` a docstring cites exists."""
 from __future__ import annotations
 
 import json
@@ -51,6 +51,13 @@ def test_refresh_replaces_only_the_block_and_refuses_a_readme_without_one():
     assert "| Hydra, calibrated tree | 2 | 1.10x | 1.60 (1.50 to 1.70) |" in text
     with pytest.raises(ValueError, match="headline block"):
         refresh("no markers here\n", metrics)
+
+
+def test_no_file_cites_anything_outside_the_repository():
+    pattern = re.compile(r"REFERENCE\.md|DESIGN\.md|\.\./shared")
+    offenders = [f"{p.relative_to(REPO_ROOT)}:{i}" for p in tracked_text_files() if p.name != "test_readme.py"
+                 for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+    assert not offenders, f"cites files outside the repository: {offenders}"
 
 
 def test_every_cited_docs_section_exists():

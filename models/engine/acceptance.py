@@ -4,7 +4,7 @@
 
 `path` is the list of accepted node indices (root first, so len(path) = accepted drafts + 1);
 `bonus` is the extra token drawn from the base model at the last accepted node. The rules
-(REFERENCE.md section 3):
+(docs/reference.md#acceptance):
 - greedy: a draft is accepted while it equals the argmax of the base logits at its parent;
   the longest accepted path wins. Output = the autoregressive greedy output, token for token.
 - typical: accept x if p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T);

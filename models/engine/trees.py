@@ -4,7 +4,7 @@
     buf = TreeBuffers.build(spec)                                 # cached: built once per tree
     buf.tree_mask[1, 1, n+1, n+1], buf.depth[n+1], buf.retrieve[leaves, D+1]
 
-A node is a path of ranks, one per depth (REFERENCE.md section 3): (0, 1) is rank 1 among the
+A node is a path of ranks, one per depth (docs/reference.md#trees-and-verification): (0, 1) is rank 1 among the
 depth-2 proposals below rank 0 of the depth-1 proposals. The root (node 0 in the buffers) is the
 base model's own next token; nodes 1..n are sorted by depth, then by path, so every ancestor
 comes before its descendants and the nodes of one depth are contiguous.
