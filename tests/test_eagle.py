@@ -33,15 +33,15 @@ def test_the_module_fuses_embedding_and_feature_and_saves_only_its_own_weights()
     model, _, eagle = eagle_for()
     h = model.config.hidden_size
     assert eagle.fc.in_features == 2 * h and eagle.fc.out_features == h and eagle.fc.bias is not None
-    assert isinstance(eagle.layer.input_layernorm, torch.nn.Identity)
-    assert type(eagle.layer) is type(model.get_decoder().layers[-1])
+    assert isinstance(eagle.layers[0].input_layernorm, torch.nn.Identity)
+    assert type(eagle.layers[0]) is type(model.get_decoder().layers[-1])
     keys = set(eagle.state_dict())
-    assert keys and all(k.startswith(("fc.", "layer.")) for k in keys)          # base parts by reference only
+    assert keys and all(k.startswith(("fc.", "layers.0.")) for k in keys)          # base parts by reference only
     assert eagle.lm_head is model.get_output_embeddings()
     again = EagleModule.from_base(model, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(eagle.state_dict().values(), again.state_dict().values()))
     base_q = model.get_decoder().layers[-1].self_attn.q_proj.weight
-    assert not torch.equal(eagle.layer.self_attn.q_proj.weight, base_q)         # re-initialised, not the base's
+    assert not torch.equal(eagle.layers[0].self_attn.q_proj.weight, base_q)         # re-initialised, not the base's
     feats, toks = torch.randn(2, 5, h), torch.randint(0, model.config.vocab_size, (2, 5))
     with torch.inference_mode():
         out = eagle(feats, toks, torch.arange(5).expand(2, 5))

@@ -129,3 +129,47 @@ def test_the_train_stage_trains_eagle_from_its_config(stage_cfg, tmp_path):  # n
     model, _ = build_tiny_model()
     _, heads = load_heads(tmp_path / "results" / "heads" / "eagle", model)
     assert heads.family.autoregressive and heads.draft_ids.numel() == 64
+
+
+# -- a small draft model (family draft_model, conf/heads/sps.yaml) ----------------------------------------------
+
+
+def test_a_draft_model_of_every_base_layer_is_the_base_model_one_position_down():
+    """DraftModel reads the pair (f_t, x_{t+1}) as the token x_{t+1} at position t: with all the base's layers it
+    computes what the base computes over the sequence without its first token (rotary attention sees offsets)."""
+    from models.heads.draft_model import DraftModel, spread_layers
+
+    model, tok = build_tiny_model(seed=2)
+    L = model.config.num_hidden_layers
+    assert spread_layers(L, L) == list(range(L)) and spread_layers(30, 2) == [0, 29] and spread_layers(30, 1) == [29]
+    with pytest.raises(ValueError, match=f"1 to {L}"):
+        spread_layers(L, L + 1)
+    draft = DraftModel.from_base(model, num_layers=L)
+    ids = torch.tensor([cyclic_prompt(model, tok, known=4)])
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+        shifted = model.get_decoder()(input_ids=ids[:, 1:]).last_hidden_state
+        torch.testing.assert_close(draft.unroll(hidden, ids, 1)[0], shifted, rtol=1e-4, atol=1e-4)
+
+
+def test_draft_model_heads_distil_and_decode_losslessly(tmp_path):
+    model, tok = build_tiny_model(seed=0)
+    model.requires_grad_(False)
+    train, val = loaders(tok, model, cache_dir=tmp_path / "cache")
+    torch.manual_seed(0)
+    config = HeadsConfig.for_base(model, "draft_model", num_heads=4, num_layers=1, share_lm_head=True)
+    heads = build_heads(config, model).requires_grad_(True)
+    assert {k.split(".")[0] for k in heads.state_dict()} == {"draft_model"}
+    recipe = Recipe(kind="draft_model", lr=1e-2, warmup_ratio=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0)
+    module = MODULES["draft_model"](heads, model, recipe)
+    before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]["val/loss"]
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
+                               trainer_kwargs=quiet_trainer_kwargs())
+    assert trainer.validate(module, val, verbose=False)[0]["val/loss"] < before   # soft CE to a random teacher
+    heads.save(tmp_path / "heads")
+    _, loaded = load_heads(tmp_path / "heads", model)
+    ids = cyclic_prompt(model, tok)
+    base = generate(model, tok, ids, max_new_tokens=30, stop_token_ids=[])
+    for tree in ("chain4", "sparse64"):
+        res = generate(model, tok, ids, heads_drafter(loaded.eval(), TREES[tree]), max_new_tokens=30, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens

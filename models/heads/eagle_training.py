@@ -1,10 +1,11 @@
-"""Training EAGLE's draft layer (docs/reference.md#autoregressive-drafters): recipe kind "eagle".
+"""Training EAGLE's draft layer or a draft model (docs/reference.md#autoregressive-drafters): recipe kinds
+"eagle" and "draft_model".
 
-    module = EagleFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
+    module = AutoregressiveFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
                                                       teacher_loss_weight=0.1, feature_noise=0.2))
 
-The heads are a DraftHeads of the eagle family (models/heads/families.py): heads.eagle is the layer, the heads'
-LM head (the frozen base LM head over the draft vocabulary when shared) scores its predicted features. Depth k
+The heads are a DraftHeads of an autoregressive family (models/heads/families.py): heads.eagle is EAGLE's layer
+(heads.draft_model a draft model's layers), the heads' LM head (the frozen base LM head over the draft vocabulary when shared) scores its predicted features. Depth k
 at position t is the draft k+1 steps after the root pair (f_t, x_{t+1}) along the true tokens (EagleModule.unroll),
 and predicts the feature f_{t+k+1}, whose LM head gives token t+k+2: Medusa's head-k indexing, so the targets,
 positions and validation top-k are the other families'. Per depth k < recipe.unroll:
@@ -25,14 +26,16 @@ from models.heads.training import HeadsModule, head_positions, register_recipe, 
 
 
 @register_recipe("eagle")
-class EagleFitModule(HeadsModule):
-    """The frozen base's features in (from the hidden cache when the batch has them), heads.eagle trained."""
+@register_recipe("draft_model")
+class AutoregressiveFitModule(HeadsModule):
+    """The frozen base's features in (from the hidden cache when the batch has them), the heads' draft module
+    trained (EAGLE's layer; a draft model, distilled with the teacher loss alone)."""
 
     def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
         r, heads = self.recipe, self.heads
         hidden = self.base_hidden(batch)                                                # [B, T, h]
         depths = min(r.unroll, heads.config.num_heads) if self.training else heads.config.num_heads
-        preds = heads.eagle.unroll(hidden, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
+        preds = heads.family.draft_module(heads).unroll(hidden, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
         total, per_head, extra = hidden.new_zeros(()), [], {}
         for k in range(heads.config.num_heads):
             b, t, target = head_positions(batch["labels"], k, batch.get("sources"))

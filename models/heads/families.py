@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.heads.draft_model import DraftModel
 from models.heads.eagle import EagleModule
 
 FAMILIES: dict[str, "HeadFamily"] = {}
@@ -93,6 +94,10 @@ class HeadFamily:
         """The family's own modules beside the heads' blocks, made from the base model when the heads are first
         attached (Hydra++: heads.prefix_layer and heads.prefix_norm; EAGLE: heads.eagle); a later attach keeps
         them. None by default."""
+
+    def draft_module(self, heads):
+        """An autoregressive family's draft module (models/heads/autoregressive.py) in `heads`; None otherwise."""
+        return None
 
     def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
         """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the proposals of `drafter` (a HeadsDrafter,
@@ -179,22 +184,48 @@ class HydraPP(Hydra):
             part.to(dtype=torch.float32).train(heads.training)        # copies of eval-mode base modules
 
 
-@register_family
-class Eagle(HeadFamily):
-    """EAGLE-1 (models/heads/eagle.py): one decoder layer over (feature, next token) pairs, run autoregressively
-    over its own predicted features; it ends in the heads' (shared) LM head over the draft vocabulary. `num_heads`
-    is the number of depths it is measured on (and, with the recipe's `unroll`, trained on); the blocks are empty.
-    Drafted by models/engine/drafters/eagle.py (EagleProposer), not by draft() below."""
-    name = "eagle"
+class AutoregressiveFamily(HeadFamily):
+    """A draft module run depth after depth over its own outputs (models/heads/autoregressive.py), ending in the
+    heads' (shared) LM head over the draft vocabulary. `num_heads` is the number of depths it is measured on
+    (and, with the recipe's `unroll`, trained on); the blocks are empty. Drafted by
+    models/engine/drafters/eagle.py (EagleProposer), not by draft() below."""
     autoregressive = True
-    recipes = ("eagle",)
+    attribute: ClassVar[str] = ""             # where the heads hold the module
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
         return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
 
     def build_extra(self, heads, base_model) -> None:
-        if getattr(heads, "eagle", None) is None:
-            heads.eagle = EagleModule.from_base(base_model).train(heads.training)
+        if getattr(heads, self.attribute, None) is None:
+            setattr(heads, self.attribute, self.make_module(heads, base_model).train(heads.training))
+
+    def make_module(self, heads, base_model) -> nn.Module:
+        raise NotImplementedError
+
+    def draft_module(self, heads):
+        return getattr(heads, self.attribute)
 
     def draft(self, drafter, tokens, buf) -> dict:
-        raise TypeError("eagle heads draft with models.engine.drafters.eagle.EagleProposer, not HeadsDrafter")
+        raise TypeError(f"{self.name} heads draft with models.engine.drafters.eagle.EagleProposer, not HeadsDrafter")
+
+
+@register_family
+class Eagle(AutoregressiveFamily):
+    """EAGLE-1 (models/heads/eagle.py): one decoder layer over (feature, next token) pairs."""
+    name = "eagle"
+    recipes = ("eagle",)
+    attribute = "eagle"
+
+    def make_module(self, heads, base_model) -> nn.Module:
+        return EagleModule.from_base(base_model)
+
+
+@register_family
+class DraftModelFamily(AutoregressiveFamily):
+    """A small draft model (models/heads/draft_model.py): num_layers decoder layers over the tokens alone."""
+    name = "draft_model"
+    recipes = ("draft_model",)
+    attribute = "draft_model"
+
+    def make_module(self, heads, base_model) -> nn.Module:
+        return DraftModel.from_base(base_model, num_layers=heads.config.num_layers)

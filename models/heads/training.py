@@ -18,7 +18,7 @@ out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary head
   HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal: 1.0^k)
   HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)
   Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k
-  EagleFitModule  EAGLE's draft layer (models/heads/eagle_training.py, registered as "eagle")
+  AutoregressiveFitModule  EAGLE's layer or a draft model (models/heads/eagle_training.py: "eagle", "draft_model")
 """
 from __future__ import annotations
 

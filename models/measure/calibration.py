@@ -104,7 +104,8 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     greedy = torch.full((T,), -1, dtype=torch.long, device=device)                            # [T]: g_{s+1}, s >= start
     greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
     # EAGLE: depth d at t is the draft d steps along the true path ([1, T-1, h] per depth)
-    drafts = heads.eagle.unroll(hidden, ids[None], D) if heads.family.autoregressive else None
+    module = heads.family.draft_module(heads)
+    drafts = module.unroll(hidden, ids[None], D) if module is not None else None
     hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]

@@ -44,7 +44,8 @@ class EagleProposer:
     def __init__(self, heads=None, eagle=None, want_probs: bool = False):
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
-        self.eagle, self.want_probs = (heads.eagle if heads is not None else eagle), want_probs
+        self.eagle = heads.family.draft_module(heads) if heads is not None else eagle    # any AutoregressiveDraft
+        self.want_probs = want_probs
         if heads is not None:
             linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
             self.logits = lambda x: project(linear, x)
