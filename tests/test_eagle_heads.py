@@ -173,3 +173,25 @@ def test_draft_model_heads_distil_and_decode_losslessly(tmp_path):
     for tree in ("chain4", "sparse64"):
         res = generate(model, tok, ids, heads_drafter(loaded.eval(), TREES[tree]), max_new_tokens=30, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens
+
+
+def test_the_draft_models_transformers_twin_drafts_for_assisted_generation():
+    """to_causal_lm: the same layers as a transformers model (every token at its own position) — with all the
+    base's layers it is the base; transformers' assisted generation with it reproduces greedy decoding, and the
+    counted steps account for every new token after the prefill's."""
+    from models.heads.draft_model import DraftModel
+    from models.measure.peers import assisted_generate
+
+    model, tok = build_tiny_model(seed=2)
+    full = DraftModel.from_base(model, num_layers=model.config.num_hidden_layers).to_causal_lm(model)
+    ids = cyclic_prompt(model, tok, known=4)
+    with torch.no_grad():
+        torch.testing.assert_close(full(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits,
+                                   rtol=1e-4, atol=1e-4)
+    small = DraftModel.from_base(model, num_layers=1).to_causal_lm(model)
+    base = generate(model, tok, ids, max_new_tokens=20, stop_token_ids=[])
+    for assistant in (full, small):
+        res = assisted_generate(model, assistant, ids, max_new_tokens=20, num_tokens=3)
+        assert res.new_tokens == base.new_tokens
+        assert sum(res.accept_lengths) == len(res.new_tokens) - 1 and res.steps == len(res.accept_lengths)
+    assert res.steps > 1

@@ -31,6 +31,7 @@ class DraftModel(AutoregressiveDraft):
     def __init__(self, layers: nn.ModuleList, norm: nn.Module, base_model):
         super().__init__(base_model)
         self.layers, self.norm = layers, norm
+        self.source_layers = spread_layers(base_model.config.num_hidden_layers, len(layers))   # base layers copied
 
     @classmethod
     def from_base(cls, base_model, num_layers: int = 2) -> "DraftModel":
@@ -46,3 +47,22 @@ class DraftModel(AutoregressiveDraft):
 
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         return self.embed(next_tokens)                                   # [B, T, h]: the features are not read
+
+    def to_causal_lm(self, base_model):
+        """A transformers model of the base's class made of these layers and norm, the base's embedding and LM head
+        (shared, not copied), in the base's dtype: the assistant of transformers' assisted generation (sps_hf). It
+        reads every token at its own position (x_0 too), so its drafts can differ slightly from this module's."""
+        config = copy.deepcopy(base_model.config)
+        config.num_hidden_layers = len(self.layers)
+        if getattr(config, "layer_types", None):                         # per-layer attention kinds (Qwen2, Gemma-2)
+            config.layer_types = [config.layer_types[i] for i in self.source_layers]
+        lm = type(base_model)(config)
+        decoder = lm.get_decoder()
+        for mine, theirs in zip(self.layers, decoder.layers, strict=True):
+            theirs.load_state_dict(mine.state_dict())
+        decoder.norm.load_state_dict(self.norm.state_dict())
+        lm.set_input_embeddings(base_model.get_input_embeddings())
+        lm.set_output_embeddings(base_model.get_output_embeddings())
+        lm.generation_config = copy.deepcopy(base_model.generation_config)
+        device = base_model.get_output_embeddings().weight.device
+        return lm.to(device=device, dtype=base_model.get_output_embeddings().weight.dtype).eval()

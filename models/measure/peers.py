@@ -1,7 +1,8 @@
-"""Prompt lookup decoding in transformers' own generate (method pld_hf): the reference our prompt lookup and the
-heads are compared with.
+"""transformers' own speculative generate, the references our decoder's methods are compared with: prompt lookup
+(method pld_hf) and a draft model as assistant (method sps_hf).
 
     result = prompt_lookup_generate(model, input_ids, max_new_tokens=128, num_tokens=10, max_ngram=2)
+    result = assisted_generate(model, assistant, input_ids, max_new_tokens=128, num_tokens=4)
 """
 from __future__ import annotations
 
@@ -45,10 +46,29 @@ class ForwardCounter:
 def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num_tokens: int = 10,
                            max_ngram: int = 2, temperature: float = 0.0, stop_token_ids=None,
                            pad_token_id: int | None = None) -> PeerResult:
-    """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`); steps and tokens per step are
-    read from the forward calls: call j (after the prefill) emits cache_len[j+1] - cache_len[j] tokens.
+    """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`)."""
+    return counted_generate(model, input_ids, max_new_tokens, temperature, stop_token_ids, pad_token_id,
+                            prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram)
 
-    transformers verifies the first lookup in the prefill call itself (prompt + drafts in one forward):
+
+@torch.no_grad()
+def assisted_generate(model, assistant, input_ids: list[int], max_new_tokens: int, num_tokens: int = 4,
+                      temperature: float = 0.0, stop_token_ids=None, pad_token_id: int | None = None) -> PeerResult:
+    """transformers' assisted generation (`assistant_model`): `assistant` drafts a chain of num_tokens tokens a step
+    (a constant schedule, no early stop on its confidence), the model verifies it."""
+    config = assistant.generation_config
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = int(num_tokens), "constant"
+    config.assistant_confidence_threshold = 0.0
+    return counted_generate(model, input_ids, max_new_tokens, temperature, stop_token_ids, pad_token_id,
+                            assistant_model=assistant)
+
+
+def counted_generate(model, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                     stop_token_ids=None, pad_token_id: int | None = None, **speculation) -> PeerResult:
+    """model.generate(**speculation); steps and tokens per step are read from the model's forward calls: call j
+    (after the prefill) emits cache_len[j+1] - cache_len[j] tokens.
+
+    transformers verifies the first drafts in the prefill call itself (prompt + drafts in one forward):
     when drafts are accepted there, that call counts as a step of its own too (emitting those drafts;
     its bonus is the prefill token). prefill_time is the end of that call (drafts it accepted then count
     as decoded in no time: rare, and in favour of the reference)."""
@@ -61,8 +81,7 @@ def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num
     try:
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram,
-                             eos_token_id=stop or None, pad_token_id=pad_token_id, **kwargs)
+                             eos_token_id=stop or None, pad_token_id=pad_token_id, **speculation, **kwargs)
         wall = time.perf_counter() - start
     finally:
         counter.remove()
