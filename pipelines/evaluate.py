@@ -8,6 +8,8 @@ MT-Bench speed evaluation at batch size 1, every method in this one process:
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
                            (eval.prompt_lookup.pld_hf); a method beats prompt lookup if it beats both
+  <draft model>_hf         transformers' assisted generation with a draft-model family's model (eval.sps_hf),
+                           the reference of <draft model>-<tree>
   baseline-<heads>         autoregressive reference of a backbone changed by a LoRA adapter (Medusa-2):
                            only used to check that family's losslessness, not a table entry
 Which heads and trees: eval.methods (conf/eval/mtbench.yaml). `all` (the default run) = every family in
@@ -52,7 +54,7 @@ from tqdm import tqdm
 from models.engine.decoding import SamplingConfig, generate
 from models.measure.benchmark import TurnRecord, speedup_on_questions_of, summarize_method, token_agreement
 from models.measure.mtbench import category_temperature, chat_input_ids, load_questions, rotated
-from models.measure.peers import prompt_lookup_generate
+from models.measure.peers import assisted_generate, prompt_lookup_generate
 from models.measure.lossless import LosslessnessError, check_lossless, failure_message
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
@@ -77,6 +79,12 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
                   seed: int, stop_ids: list[int], max_new: int | None = None):
     """One answer by one method -> an object with new_tokens, wall_time, prefill_time, steps, accept_lengths."""
     max_new = int(max_new or cfg.profile.eval.max_new_tokens)
+    if method.kind == "sps_hf":
+        if temperature > 0:
+            torch.manual_seed(seed)
+        return assisted_generate(method.model, method.assistant, input_ids, max_new,
+                                 num_tokens=int(cfg.eval.sps_hf.num_tokens), temperature=temperature,
+                                 stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
     if method.kind == "pld_hf":
         if temperature > 0:
             torch.manual_seed(seed)
@@ -114,7 +122,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
     settings = {"layout": RECORDS_LAYOUT, "tag": sel.tag, "mode": sel.mode, "seed": int(cfg.seed),
                 "model": plain(cfg.model), "profile": {"name": cfg.profile.name, "eval": plain(cfg.profile.eval)},
                 "eval": {k: plain(cfg.eval.get(k)) for k in ("temperature_mode", "category_temperatures", "acceptance",
-                                                               "typical", "prompt_lookup", "rotate_order", "drafters")},
+                                                               "typical", "prompt_lookup", "sps_hf", "rotate_order", "drafters")},
                 "questions": hashlib.sha256(qtext.encode()).hexdigest()[:16], "methods": methods_now,
                 "files": {str(p): file_digest(p) for p in [Path(str(cfg.model.files))]
                           + [Path(cfg.paths.results) / "heads" / h for h in sel.heads]},

@@ -1,7 +1,8 @@
 """Which methods an evaluation runs, and the drafter each decodes with (used by evaluate, generate and the benches).
 
     sel = selection(cfg)                       # all: profile.eval.families x profile.eval.trees; selected: heads x tree
-    methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, pld, pld_hf, baseline-<adapted heads>
+    methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, pld, pld_hf, <draft model>_hf,
+                                               # baseline-<adapted heads>
     drafter = drafter_for(method, cfg)         # a fresh drafter for one answer (None: the baseline)
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ METHOD_MODES = ("auto", "all", "selected")
 @dataclass
 class Method:
     name: str
-    kind: str                      # baseline | heads | pld | pld_hf | reference | drafter (eval.drafters)
+    kind: str                      # baseline | heads | pld | pld_hf | sps_hf | reference | drafter (eval.drafters)
     model: object
     heads: object = None
     tree: TreeSpec | None = None
@@ -39,6 +40,7 @@ class Method:
     step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
     lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
     spec: dict | None = None       # kind drafter: its drafter spec (make_drafter)
+    assistant: object = None       # kind sps_hf: the draft model as a transformers model (assisted generation)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
@@ -147,6 +149,11 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             tree.check_heads(heads.config.num_heads)
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
+        if heads.config.family == "draft_model" and cfg.eval.get("sps_hf", {}).get("enabled"):
+            # transformers' assisted generation with the same draft model: built before the layers are packed
+            twin = heads.family.draft_module(heads).to_causal_lm(base)
+            methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family="draft_model",
+                                  reference=reference, assistant=twin))
     if cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]

@@ -562,3 +562,25 @@ def test_a_new_drafter_is_evaluated_with_one_module_and_one_config_entry(stage_c
         stage_cfg.eval.drafters = {"eagle": {"kind": "eagle"}}
     with pytest.raises(ValueError, match="drafter kind 'eagle' is not known"):
         run_evaluation(stage_cfg)
+
+
+def test_eagle_and_a_draft_model_evaluate_losslessly_beside_assisted_generation(stage_cfg, tmp_path):
+    """The autoregressive families run through the stage like the heads (their folders, their trees), and a
+    draft-model family brings transformers' assisted generation with the same model (sps_hf) beside it."""
+    from pipelines.evaluate import run_evaluation
+
+    model, _ = build_tiny_model()
+    for name, family, layers in (("eagle", "eagle", 1), ("sps", "draft_model", 1)):
+        torch.manual_seed(0)
+        build_heads(HeadsConfig.for_base(model, family=family, num_heads=4, num_layers=layers, share_lm_head=True),
+                    model).save(tmp_path / "results" / "heads" / name)
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.trees = ["chain4"]
+        stage_cfg.profile.eval.families = ["eagle", "sps"]
+        stage_cfg.profile.eval.repeats = 1
+    summary = run_evaluation(stage_cfg)
+    assert set(summary["methods"]) == {"baseline", "pld", "pld_hf", "eagle-chain4", "sps-chain4", "sps_hf"}
+    assert summary["methods"]["sps_hf"]["kind"] == "sps_hf" and summary["methods"]["sps_hf"]["heads"] == "sps"
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
+    assert report["passed"] and report["methods"]["sps_hf"]["checked_turns"] == 4   # 2 questions x 2 turns
+    assert report["methods"]["eagle-chain4"]["checked_turns"] == 4
