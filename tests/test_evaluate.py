@@ -559,8 +559,8 @@ def test_a_new_drafter_is_evaluated_with_one_module_and_one_config_entry(stage_c
     assert m["kind"] == "drafter" and m["drafter"] == {"kind": "toy_repeat", "k": 3}
     assert summary["lossless"] and m["questions"] == len(QUESTIONS) and m["speedup"]["mean"] > 0
     with open_dict(stage_cfg):
-        stage_cfg.eval.drafters = {"eagle": {"kind": "eagle"}}
-    with pytest.raises(ValueError, match="drafter kind 'eagle' is not known"):
+        stage_cfg.eval.drafters = {"lookahead": {"kind": "lookahead"}}
+    with pytest.raises(ValueError, match="drafter kind 'lookahead' is not known"):
         run_evaluation(stage_cfg)
 
 
