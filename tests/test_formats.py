@@ -117,7 +117,8 @@ def test_official_medusa_format_drops_the_draft_vocabulary_and_says_so(tiny, tmp
     ("vllm", "medusa", {"shared": False}, "bias"),
     ("medusa", "medusa", {"shared": True, "num_layers": 2}, "one module repeated"),
     ("hydra", "hydra_pp", {"shared": False, "num_layers": 4}, "Hydra++'s recipe has 4"),
-    ("onnx", "medusa", {"shared": True}, "accepted: medusa, vllm, hydra"),
+    ("onnx", "medusa", {"shared": True}, "accepted: medusa, vllm, hydra, eagle"),
+    ("eagle", "hydra", {"shared": True}, "format=eagle holds eagle heads, not 'hydra' heads; export them with format=hydra"),
 ])
 def test_what_a_format_cannot_hold_is_refused(tiny, tmp_path, fmt, family, kwargs, message):
     model, _ = tiny
@@ -167,3 +168,29 @@ def test_the_export_command_writes_and_imports(tiny, compose_cfg):
     assert_same_drafts(heads, loaded, model, tok)
     with pytest.raises(ValueError, match="export.format='onnx': accepted medusa, vllm, hydra"):
         run_export(compose_cfg("heads=medusa1", "export.format=onnx"))
+
+
+def test_eagle_heads_round_trip_through_the_authors_format(tiny, tmp_path):
+    """format=eagle: the authors' file names (fc, layers.0 without an input norm, embed_tokens) and a one-layer
+    config; reading it back gives the same layer, which drafts the same tokens over the full vocabulary."""
+    model, tok = tiny
+    torch.manual_seed(0)
+    config = HeadsConfig.for_base(model, "eagle", num_heads=4, share_lm_head=True, draft_vocab_size=64)
+    heads = build_heads(config, model, torch.arange(64)).eval()
+    report = export_heads(heads, model, tmp_path / "eagle", "eagle")
+    state = torch.load(tmp_path / "eagle" / "pytorch_model.bin", weights_only=True)
+    assert {"fc.weight", "fc.bias", "embed_tokens.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= set(state)
+    assert not any("input_layernorm" in k for k in state) and all(k.startswith(("fc.", "layers.0.", "embed_tokens."))
+                                                                  for k in state)
+    meta = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert meta["num_hidden_layers"] == 1 and meta["hidden_size"] == model.config.hidden_size
+    assert "draft vocabulary (64 tokens) is not carried" in report["notes"][0]
+    back = import_heads(tmp_path / "eagle", model, "eagle")
+    assert back.config.family == "eagle" and back.draft_ids is None
+    for key, value in heads.eagle.state_dict().items():
+        assert torch.equal(back.eagle.state_dict()[key], value), key
+    state["layers.0.mlp.up_proj.weight"] = state["layers.0.mlp.up_proj.weight"][:-1]
+    torch.save(state, tmp_path / "eagle" / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"misshapen \['layers.0.mlp.up_proj.weight'\]"):
+        import_heads(tmp_path / "eagle", model, "eagle")

@@ -11,6 +11,8 @@
 - hydra: the authors' Hydra code. `hydra_lm_head.pt` (hydra_mlp.{h}..., hydra_lm_head.{h}...; Hydra++ adds
   prefix_embeding_layer.*, and its Dropout modules shift the indices) and `config.json` (hydra_num_heads,
   hydra_num_layers, hydra_head_arch mlp | prefix-mlp, grounded_heads).
+- eagle: the authors' EAGLE-1 code (models/heads/eagle_format.py): `pytorch_model.bin` (fc, layers.0, embed_tokens)
+  and `config.json` (the base's, one layer).
 
 What a format cannot hold is refused with the reason, never written approximately; what it holds differently is
 listed in the report's notes. The authors' loaders read with strict=False, so a file here has every key they build.
@@ -25,9 +27,10 @@ from safetensors.torch import save_file
 
 from models.base import model_name
 from models.heads import DraftHeads, HeadsConfig, check_compatible
+from models.heads.eagle_format import read_eagle, write_eagle
 
-FORMATS = ("medusa", "vllm", "hydra")
-FAMILIES_OF = {"medusa": ("medusa",), "vllm": ("medusa",), "hydra": ("hydra", "hydra_pp")}
+FORMATS = ("medusa", "vllm", "hydra", "eagle")
+FAMILIES_OF = {"medusa": ("medusa",), "vllm": ("medusa",), "hydra": ("hydra", "hydra_pp"), "eagle": ("eagle",)}
 OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never score: their softmax weight is 0
 
 
@@ -164,6 +167,9 @@ def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, ha
     folder.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     cfg = heads.config
+    if fmt == "eagle":
+        files, notes = write_eagle(heads, base_model, folder)
+        return {"format": fmt, "files": files, "notes": notes}
     if fmt == "medusa":
         state = _medusa_state(heads, base_model.get_output_embeddings(), notes)
         config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers,
@@ -308,7 +314,7 @@ def import_hydra(folder: str | Path, base_model) -> DraftHeads:
     return _load(config, base_model, ours, state, weights)
 
 
-IMPORTERS = {"medusa": import_medusa, "vllm": import_vllm, "hydra": import_hydra}
+IMPORTERS = {"medusa": import_medusa, "vllm": import_vllm, "hydra": import_hydra, "eagle": read_eagle}
 
 
 def import_heads(folder: str | Path, base_model, fmt: str) -> DraftHeads:

@@ -1,0 +1,63 @@
+"""EAGLE-1 heads in the authors' format (`eagle-llm` 1.2.x, EaModel.from_pretrained(ea_model_path=...)) and back.
+
+    files, notes = write_eagle(heads, model, folder)      # config.json + pytorch_model.bin
+    heads = read_eagle(folder, model)                     # a DraftHeads of family eagle, full vocabulary
+
+The folder holds `config.json` (the base's config with num_hidden_layers 1: the draft layer's shape) and
+`pytorch_model.bin` with `fc.weight`, `fc.bias`, `layers.0.*` (no input_layernorm: the first layer has none)
+and `embed_tokens.weight` (the base embedding, which the authors' module holds a copy of). The authors' drafter
+scores the base LM head over the full vocabulary; a draft vocabulary is not carried (see the notes).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from models.heads import HeadsConfig, build_heads, check_compatible
+
+WEIGHTS, CONFIG = "pytorch_model.bin", "config.json"
+
+
+def write_eagle(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
+    module = heads.family.draft_module(heads)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    state["embed_tokens.weight"] = base_model.get_input_embeddings().weight.detach().contiguous().cpu()
+    config = base_model.config.to_dict()
+    config.update({"num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"], "bias": module.fc.bias is not None})
+    torch.save(state, folder / WEIGHTS)
+    (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    notes = [] if heads.draft_ids is None else [
+        f"the draft vocabulary ({heads.draft_ids.numel()} tokens) is not carried: the authors' drafter scores the "
+        "full vocabulary with the base LM head, so its drafts can include tokens these heads never proposed"]
+    return [str(folder / WEIGHTS), str(folder / CONFIG)], notes
+
+
+def read_eagle(folder: str | Path, base_model):
+    folder = Path(folder)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: an EAGLE folder has {CONFIG} and {WEIGHTS}")
+    meta = json.loads((folder / CONFIG).read_text())
+    state = dict(torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True))
+    if int(meta.get("num_hidden_layers", 1)) != 1:
+        raise ValueError(f"{folder / CONFIG}: num_hidden_layers={meta['num_hidden_layers']}; EAGLE-1 has one layer")
+    config = HeadsConfig.for_base(base_model, family="eagle", num_heads=5, num_layers=1, share_lm_head=True)
+    check_compatible(config, base_model, source=str(folder))
+    heads = build_heads(config, base_model)
+    embed = state.pop("embed_tokens.weight", None)
+    base_embed = base_model.get_input_embeddings().weight.detach().cpu()
+    if embed is not None and (embed.shape != base_embed.shape or not torch.equal(embed.to(base_embed.dtype), base_embed)):
+        raise ValueError(f"{folder / WEIGHTS}: embed_tokens.weight is not this base model's embedding "
+                         f"({tuple(embed.shape)} against {tuple(base_embed.shape)})")
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    module = heads.eagle
+    expected = module.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or wrong:
+        raise ValueError(f"{folder / WEIGHTS} is not an EAGLE-1 layer for this base: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+    return heads.eval()
