@@ -59,6 +59,29 @@ class StepDrafter(Protocol):
     def rewind(self, position: int) -> None: ...
 
 
+class AdvanceHistory:
+    """A drafter's state at the end of each of its last `size` advances (positions seen, state), so that
+    rewind(position) can go back to one of them."""
+
+    def __init__(self, size: int = 16):
+        self.size, self.entries = size, []
+
+    def clear(self) -> None:
+        self.entries = []
+
+    def push(self, positions: int, state) -> None:
+        self.entries = [*self.entries[-(self.size - 1):], (positions, state)]
+
+    def back_to(self, position: int, who: str = "the drafter"):
+        """The state after the first `position` positions; later entries are dropped."""
+        while self.entries and self.entries[-1][0] > position:
+            self.entries.pop()
+        if not self.entries or self.entries[-1][0] != position:
+            raise ValueError(f"{who} can rewind to the end of one of its last {self.size} advances, "
+                             f"not to position {position}")
+        return self.entries[-1][1]
+
+
 DRAFTERS: dict[str, Callable[..., StepDrafter]] = {}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from models.engine.drafters.base import AdvanceHistory
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
 from models.engine.trees import TreeBuffers
@@ -38,8 +39,6 @@ class EagleProposer:
     over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full
     vocabulary with the model's logit transform. want_probs: draft() also returns node_probs, the product of the
     draft's softmax probabilities root -> node."""
-
-    HISTORY = 16                                       # rewind reaches the ends of the last HISTORY advances
 
     def __init__(self, heads=None, eagle=None, want_probs: bool = False):
         if (heads is None) == (eagle is None):
@@ -55,7 +54,7 @@ class EagleProposer:
             self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
         self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
-        self.history: list[tuple[int, torch.Tensor]] = []   # (P, f_{P-1}) after each of the last advances
+        self.history = AdvanceHistory()                # (P, f_{P-1}) after each of the last advances
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, hidden: torch.Tensor, sampling, generator=None, input_ids: torch.Tensor | None = None) -> None:
@@ -66,7 +65,8 @@ class EagleProposer:
                              "acceptance=sampling with draft='topk' (sampled EAGLE drafts are not implemented)")
         if input_ids is None:
             raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
-        self.cache, self.history = new_cache(), []
+        self.cache = new_cache()
+        self.history.clear()
         T = hidden.shape[0]
         if T > 1:
             pos = torch.arange(T - 1, device=hidden.device)[None]                  # [1, T-1]
@@ -88,16 +88,11 @@ class EagleProposer:
 
     def keep(self, positions: int, feature: torch.Tensor) -> None:
         self.feature = feature.to(self.eagle.dtype)
-        self.history = [*self.history[-(self.HISTORY - 1):], (positions, self.feature)]
+        self.history.push(positions, self.feature)
 
     def rewind(self, position: int) -> None:
-        """Back to the state after the first `position` positions: one of the last HISTORY advances' ends."""
-        while self.history and self.history[-1][0] > position:
-            self.history.pop()
-        if not self.history or self.history[-1][0] != position:
-            raise ValueError(f"the eagle drafter can rewind to the end of one of its last {self.HISTORY} "
-                             f"advances, not to position {position}")
-        self.feature = self.history[-1][1]
+        """Back to the state after the first `position` positions: one of the last advances' ends."""
+        self.feature = self.history.back_to(position, "the eagle drafter")
         self.cache.crop(position - 1 - self.cache.get_seq_length())
 
     # -- proposals -----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from models.engine.acceptance import SamplingConfig, warp_probs
+from models.engine.drafters.base import AdvanceHistory
 from models.engine.kv_cache import new_cache
 from models.engine.projection import project
 from models.heads import DraftHeads
@@ -48,7 +49,7 @@ class HeadsDrafter:
             self.linears = [heads.output_layer(k) for k in range(heads.config.num_heads)]
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
         self.h = None                                   # [h] hidden state the heads read (position t)
-        self.history: list[tuple[int, torch.Tensor]] = []   # (positions seen, h then) of the last advances (rewind)
+        self.history = AdvanceHistory()                 # (positions seen, h then) of the last advances (rewind)
         self._node_probs = None                         # [N] while draft() runs with want_probs
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
@@ -61,7 +62,7 @@ class HeadsDrafter:
         heads read hidden states only)."""
         self.sampling, self.generator = sampling, generator
         self.prefix_cache = new_cache() if self.family.prefix_layer else None
-        self.history = []
+        self.history.clear()
         self.advance(hidden, 0)
 
     def advance(self, hidden: torch.Tensor, position: int, tokens: list[int] | None = None) -> None:
@@ -72,18 +73,11 @@ class HeadsDrafter:
             pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
             h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
         self.h = h if self.dtype is None else h.to(self.dtype)
-        self.history = [*self.history[-(self.HISTORY - 1):], (position + hidden.shape[0], self.h)]
-
-    HISTORY = 16
+        self.history.push(position + hidden.shape[0], self.h)
 
     def rewind(self, position: int) -> None:
-        """Back to the state after the first `position` positions: one of the last HISTORY advances' ends."""
-        while self.history and self.history[-1][0] > position:
-            self.history.pop()
-        if not self.history or self.history[-1][0] != position:
-            raise ValueError(f"the drafter can rewind to the end of one of its last {self.HISTORY} advances, "
-                             f"not to position {position}")
-        self.h = self.history[-1][1]
+        """Back to the state after the first `position` positions: one of the last advances' ends."""
+        self.h = self.history.back_to(position)
         if self.prefix_cache is not None:
             self.prefix_cache.crop(position - self.prefix_cache.get_seq_length())
 
