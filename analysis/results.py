@@ -88,14 +88,36 @@ def medusa2_section(summary: dict, train: dict[str, dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def single_runs_section(runs: dict[str, dict]) -> str:
+    """One table per run of a single method (reports/metrics/evaluate_<tag>.json: the method beside the baseline and
+    the peers it is run with, e.g. the draft model beside transformers' assisted generation)."""
+    out = []
+    for tag, r in sorted(runs.items()):
+        lossless = "lossless" if r.get("lossless") else "NOT lossless"
+        out += [f"`{tag}`: {r.get('num_questions')} questions, {r.get('max_new_tokens')} new tokens, baseline "
+                f"{r.get('baseline_tokens_per_s', float('nan')):.1f} tokens/s, {r.get('lossless_checked_turns')} greedy "
+                f"turns checked, {lossless}.", "",
+                "| Method | Questions | Speedup (Spec-Bench) | Summed tokens / summed time | Accepted tokens/step |",
+                "|---|---|---|---|---|"]
+        for name, m in r.get("methods", {}).items():
+            pooled = m.get("speedup_pooled") or {}
+            out.append(f"| {name} | {m.get('questions')} | "
+                       f"{_fig({'value': m.get('speedup'), 'ci': m.get('speedup_ci')}, '{:.2f}x')} | "
+                       f"{_fig(pooled, '{:.2f}x')} | "
+                       f"{_fig({'value': m.get('accept_length'), 'ci': m.get('accept_length_ci')})} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
-                     run: dict[str, dict] | None = None) -> str:
-    """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section."""
+                     run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None) -> str:
+    """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
+    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each."""
     train = train or {}
     s = summary.get("settings", {})
     comps = standard_comparisons(summary)
     parts = [
-        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/{prepare,distill,train_*}.json"
+        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/{prepare,distill,train_*,evaluate_*}.json"
         " and results/calibrate/latency.json -->",
         "# Results",
         "",
@@ -130,6 +152,11 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         "",
         category_means_table(summary),
     ]
+    if single_runs:
+        parts += ["## Runs of one method each", "",
+                  "Methods run on their own (`evaluate_selected`), each beside the baseline and its peers in the same "
+                  "process; their speedups compare within a run, not with the tables above.", "",
+                  single_runs_section(single_runs)]
     m2 = medusa2_section(summary, train)
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]

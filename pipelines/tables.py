@@ -13,7 +13,8 @@ when present). Writes to reports/:
   speedup.csv                      one row per method: the data behind `dvc plots show`
   results.md                       the results document: headline figures with 95% intervals, paired comparisons,
                                    the papers' claims judged by them, per-category means, Medusa-2's joint stage
-                                   (also reads reports/metrics/train_*.json and results/calibrate/latency.json)
+                                   (also reads reports/metrics/train_*.json, evaluate_<tag>.json of the runs of
+                                   one method each, and results/calibrate/latency.json)
   speedup_intervals.png            every method's speedup with its interval
   comparisons.png                  the paired comparisons, ratio and interval
 """
@@ -75,6 +76,11 @@ def load_stage_metrics(folder: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in paths if p.is_file()}
 
 
+def load_single_runs(folder: Path) -> dict[str, dict]:
+    """{tag: reports/metrics/evaluate_<tag>.json} of the runs of one method each (evaluate_selected)."""
+    return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))}
+
+
 def load_latency(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -105,7 +111,8 @@ def make_reports(cfg: DictConfig) -> list[Path]:
              plots.plot_comparisons(standard_comparisons(summary), reports / "comparisons.png")]
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json"),
-                                                         run=load_stage_metrics(reports / "metrics")))
+                                                         run=load_stage_metrics(reports / "metrics"),
+                                                         single_runs=load_single_runs(reports / "metrics")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

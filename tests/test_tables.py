@@ -191,3 +191,30 @@ def test_an_adaptive_tree_is_shown_but_not_counted_as_fixed(summary, tree, nodes
     assert header.index("| optimal |") < header.index(f"| {tree} |") < header.index("Optimal nodes")
     assert "1.60x" in md and "1.06x (at least as fast)" in md      # 1.45 / sparse64 1.363, not / this tree's 1.6
     assert shown in to_markdown(tables["speed"])
+
+
+def test_results_document_shows_runs_of_one_method_beside_their_peers(summary, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.common import CONF_DIR
+    from pipelines.tables import make_reports
+
+    (tmp_path / "results" / "eval" / "all").mkdir(parents=True)
+    (tmp_path / "results" / "eval" / "all" / "summary.json").write_text(json.dumps(summary))
+    single = {"tag": "sps-optimal", "lossless": True, "lossless_checked_turns": 96, "num_questions": 24,
+              "max_new_tokens": 128, "baseline_tokens_per_s": 10.5,
+              "methods": {"sps-optimal": {"speedup": 0.95, "speedup_ci": [0.9, 1.0], "accept_length": 1.42,
+                                          "accept_length_ci": [1.38, 1.46], "questions": 24,
+                                          "speedup_pooled": {"value": 0.94, "ci": [0.89, 0.99]}},
+                          "sps_hf": {"speedup": 0.64, "speedup_ci": [0.61, 0.68], "accept_length": 1.33,
+                                     "accept_length_ci": [1.3, 1.36], "questions": 24}}}
+    (tmp_path / "reports" / "metrics").mkdir(parents=True)
+    (tmp_path / "reports" / "metrics" / "evaluate_sps-optimal.json").write_text(json.dumps(single))
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"paths.results={tmp_path / 'results'}",
+                                                       f"paths.reports={tmp_path / 'reports'}"])
+    make_reports(cfg)
+    text = (tmp_path / "reports" / "results.md").read_text()
+    assert "## Runs of one method each" in text and "`sps-optimal`: 24 questions" in text
+    assert "| sps-optimal | 24 | 0.95x (0.90 to 1.00) | 0.94x (0.89 to 0.99) | 1.42 (1.38 to 1.46) |" in text
+    assert "| sps_hf | 24 | 0.64x (0.61 to 0.68) | - | 1.33 (1.30 to 1.36) |" in text
