@@ -122,12 +122,10 @@ def run_case(name: str, model, tok, heads, prompt_list: list[dict], new_tokens: 
         record_steps(model, drafters[tree], prompt_list[0]["ids"], 8, tok.eos_token_id)
     runs = {t: {"ours": [], "official": []} for t in TREES}
     steps = {t: [] for t in TREES}
-    flip = 0
     for r in range(repeats):
-        for p in prompt_list:
+        for qi, p in enumerate(prompt_list):
+            order = ("official", "ours") if (r * len(prompt_list) + qi) % 2 == 0 else ("ours", "official")
             for tree in TREES:
-                flip += 1
-                order = ("official", "ours") if flip % 2 else ("ours", "official")
                 got = {}
                 for who in order:
                     got[who] = (official.decode(tree, p["ids"], new_tokens) if who == "official" else
