@@ -164,8 +164,8 @@ def summarize(case: dict, base: dict | None, new_tokens: int) -> dict:
                "tokens_per_second": {w: statistics.median(v) for w, v in case["runs"][tree].items()},
                "runs": {w: len(v) for w, v in case["runs"][tree].items()}}
         if base is not None:
-            row["matches_baseline"] = {w: all(_agrees(_tokens(q[w])[:new_tokens], b) for q, b in zip(per_q, base["tokens"]))
-                                       for w in ("ours", "official")}
+            row["matches_baseline"] = {w: all(_agrees(_tokens(q[w])[:new_tokens], b)
+                                              for q, b in zip(per_q, base["tokens"])) for w in ("ours", "official")}
         out[tree] = row
     return out
 
@@ -194,11 +194,13 @@ def write_golden(case: dict, prompt_list: list[dict], settings: dict, path: Path
 
 def markdown(report: dict) -> str:
     lines = ["# Our decoder against the authors' Medusa code", "",
-             f"`make conformance` ({report['machine']}, {report['threads']} threads, greedy). tokens/s are medians "
-             "over runs that alternate between the two decoders question by question; the machine is shared and "
-             "noisy, so only the ratio within a row means much.", "",
+             f"`make conformance` ({report['machine']}, {report['threads']} threads, greedy; docs/conformance.md). "
+             "tokens/s (prefill included) are medians over questions and repeats, the two decoders alternating "
+             "question by question, their order swapped each time; the machine is shared and noisy, so only the "
+             "ratio within a row means much. Baseline: our decoder without drafts, measured just before, not "
+             "interleaved.", "",
              "| case | tree | steps compared | identical | steps with accepted drafts | tokens/step | "
-             "ours tok/s | official tok/s | ours / official | baseline tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "ours tok/s | official tok/s | ours / official | baseline tok/s |", "|---" * 10 + "|"]
     for name, case in report["cases"].items():
         for tree, row in case["trees"].items():
             tps = row["tokens_per_second"]
@@ -221,13 +223,20 @@ def one_case(name: str, model, tok, heads, prompt_list, new_tokens: int, repeats
         verdict = ("identical accepted drafts on every compared step" if row["identical"] else
                    f"FIRST MISMATCH: {row['first_mismatch']}")
         print(f"{name} / {TREE_NAMES[tree]}: {row['steps_compared']} steps compared: {verdict}; "
-              f"{row['steps_accepting_drafts']} steps accepted drafts; tokens/s ours {row['tokens_per_second']['ours']:.2f}"
-              f", official {row['tokens_per_second']['official']:.2f}"
+              f"{row['steps_accepting_drafts']} steps accepted drafts; tokens/s ours "
+              f"{row['tokens_per_second']['ours']:.2f}, official {row['tokens_per_second']['official']:.2f}"
               + (f"; both match the baseline: {row['matches_baseline']}" if base else ""), flush=True)
     summary = {"questions": len(prompt_list), "new_tokens": new_tokens, "repeats": repeats, "trees": trees}
     if base:
         summary["baseline_tokens_per_second"] = statistics.median(base["tokens_per_second"])
     return case, summary
+
+
+def earlier_cases(skipped: list[str]) -> dict:
+    """The cases left out this time (--skip), as the last report has them."""
+    path = REPORTS / "conformance.json"
+    cases = json.loads(path.read_text()).get("cases", {}) if path.is_file() else {}
+    return {name: case for name, case in cases.items() if name in skipped}
 
 
 def cpu_name() -> str:
@@ -262,12 +271,13 @@ def main(argv=None) -> dict:
     if not Path(args.model).is_dir():
         from pipelines.assets import build_assets
         art = REPO_ROOT / "artifacts"
-        build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json", Path(args.questions_file), reuse=True)
+        build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json", Path(args.questions_file),
+                     reuse=True)
     model, tok = load_base_model(args.model)
     prepare_for_decoding(model)
     report = {"machine": cpu_name(),
               "threads": args.threads, "official": "medusa-llm 0.1 + FasterDecoding/Medusa e2a5d20 tree code, "
-              "transformers 4.34.1", "cases": {}}
+              "transformers 4.34.1", "cases": earlier_cases(args.skip)}
     if "golden" not in args.skip:
         plist = prompts(Path(args.questions_file), args.golden_questions, tok)
         heads = seeded_medusa_heads(model, args.seed, 4, args.scale)
@@ -278,7 +288,8 @@ def main(argv=None) -> dict:
     if "trained" not in args.skip and Path(args.heads).is_dir():
         model_t, heads = load_heads(args.heads, model)
         plist = prompts(Path(args.questions_file), args.questions, tok)
-        _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads, plist, args.new_tokens, args.repeats, args)
+        _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads, plist, args.new_tokens, args.repeats,
+                                                 args)
         report["cases"]["trained"]["heads"] = args.heads
     elif "trained" not in args.skip:
         print(f"no trained heads in {args.heads}: the trained case is left out", flush=True)

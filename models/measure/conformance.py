@@ -4,7 +4,7 @@ a seed, our steps recorded as the official loop records its own, and the two com
     heads = seeded_medusa_heads(model, seed=0)                       # 4 Medusa-1 heads, shared full-vocabulary LM head
     tree = medusa_v01_tree()                                          # medusa-llm 0.1's medusa_choices=[1, 7, 6]
     rec = record_steps(model, drafter, ids, max_new_tokens=64, eos_token_id=tok.eos_token_id)
-    rec["steps"]          # per step: [root, accepted drafts...]: the tokens the step appends, as 0.1 and HEAD append them
+    rec["steps"]          # per step [root, accepted drafts...]: the tokens it appends, as 0.1 and HEAD append them
     compare_steps(ours["steps"], official["steps"])   # {"compared", "identical", "first_mismatch"}
 
 The official loop (medusa_generate) appends, per step, the root (the base model's token from the step before)
