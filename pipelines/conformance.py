@@ -162,7 +162,8 @@ def summarize(case: dict, base: dict | None, new_tokens: int) -> dict:
                "steps_accepting_drafts": sum(c > 0 for c in counts), "accepted_drafts": sum(counts),
                "mean_tokens_per_step": (sum(counts) + len(counts)) / max(1, len(counts)),
                "tokens_per_second": {w: statistics.median(v) for w, v in case["runs"][tree].items()},
-               "runs": {w: len(v) for w, v in case["runs"][tree].items()}}
+               "runs": {w: len(v) for w, v in case["runs"][tree].items()},
+               "ours_over_official_paired": _paired(case["runs"][tree]), "tokens_per_second_runs": case["runs"][tree]}
         if base is not None:
             row["matches_baseline"] = {w: all(_agrees(_tokens(q[w])[:new_tokens], b)
                                               for q, b in zip(per_q, base["tokens"])) for w in ("ours", "official")}
@@ -172,6 +173,12 @@ def summarize(case: dict, base: dict | None, new_tokens: int) -> dict:
 
 def _tokens(steps: list[list[int]]) -> list[int]:
     return [t for s in steps for t in s]
+
+
+def _paired(runs: dict) -> dict:
+    """Median and range of ours / official over the runs, each pair taken back to back on one question."""
+    ratios = [o / f for o, f in zip(runs["ours"], runs["official"])]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 def _agrees(a: list[int], b: list[int]) -> bool:

@@ -39,6 +39,20 @@ def test_compare_steps_names_the_first_mismatch():
     assert not compare_steps([[1]], [[1], [2]])["identical"]
 
 
+def test_the_harness_summary_names_the_question_and_step_of_a_mismatch():
+    from pipelines.conformance import summarize
+
+    runs = {"ours": [2.0, 3.0], "official": [1.0, 1.0]}
+    same = {"question_id": 1, "ours": [[5, 6], [7]], "official": [[5, 6], [7]]}
+    differ = {"question_id": 2, "ours": [[5], [6, 7]], "official": [[5], [6], [7]]}
+    case = {"runs": {"v0.1": runs, "head63": runs}, "steps": {"v0.1": [same, same], "head63": [same, differ]}}
+    out = summarize(case, {"tokens": [[5, 6, 7], [5, 6, 7]], "tokens_per_second": [1.0, 1.0]}, 3)
+    assert out["v0.1"]["identical"] and out["v0.1"]["steps_compared"] == 4 and out["v0.1"]["steps_accepting_drafts"] == 2
+    assert out["head63"]["first_mismatch"] == {"question_id": 2, "step": 1, "ours": [6, 7], "theirs": [6]}
+    assert out["v0.1"]["ours_over_official_paired"] == {"median": 2.5, "min": 2.0, "max": 3.0}
+    assert out["head63"]["matches_baseline"] == {"ours": True, "official": True}
+
+
 def test_the_golden_file_is_informative():
     g = golden()
     assert set(g["steps"]) == {"v0.1", "head63"} and g["trees"]["head63"]["conf_tree"] == "sparse64"
