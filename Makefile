@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut conformance install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -45,6 +45,10 @@ bench-load: $(STAMP)
 HEADS ?= medusa1 hydra hydra_pp
 bench-cut: $(STAMP)
 	for h in $(HEADS); do $(BIN)/python -m pipelines.bench_cut heads=$$h $(OVERRIDES) || exit 1; done
+
+# our decoder step by step against the authors' Medusa code, in its own .venv-conformance (docs/conformance.md)
+conformance: $(STAMP)
+	$(BIN)/python -m pipelines.conformance $(ARGS)
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000
