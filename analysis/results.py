@@ -7,6 +7,7 @@ claims judged by them, the per-category means and what the joint stage of Medusa
 from __future__ import annotations
 
 from analysis.claims import claim_rows, claims_markdown
+from analysis.conformance import conformance_section
 from analysis.comparisons import describe, fmt_interval, standard_comparisons
 from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
@@ -110,14 +111,16 @@ def single_runs_section(runs: dict[str, dict]) -> str:
 
 
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
-                     run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None) -> str:
+                     run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
+                     conformance: dict | None = None) -> str:
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
-    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each."""
+    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json."""
     train = train or {}
     s = summary.get("settings", {})
     comps = standard_comparisons(summary)
     parts = [
-        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, reports/metrics/{prepare,distill,train_*,evaluate_*}.json"
+        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, "
+        "reports/metrics/{prepare,distill,train_*,evaluate_*}.json, reports/conformance.json"
         " and results/calibrate/latency.json -->",
         "# Results",
         "",
@@ -157,6 +160,8 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
                   "Methods run on their own (`evaluate_selected`), each beside the baseline and its peers in the same "
                   "process; their speedups compare within a run, not with the tables above.", "",
                   single_runs_section(single_runs)]
+    if conformance:
+        parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
     m2 = medusa2_section(summary, train)
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]

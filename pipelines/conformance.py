@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from analysis.conformance import TREE_NAMES, conformance_markdown
 from models.base import load_base_model
 from models.engine.decoding import generate
 from models.engine.drafters import make_drafter
@@ -199,27 +200,6 @@ def write_golden(case: dict, prompt_list: list[dict], settings: dict, path: Path
     print(f"wrote {path.relative_to(REPO_ROOT)}", flush=True)
 
 
-def markdown(report: dict) -> str:
-    lines = ["# Our decoder against the authors' Medusa code", "",
-             f"`make conformance` ({report['machine']}, {report['threads']} threads, greedy; docs/conformance.md). "
-             "tokens/s (prefill included) are medians over questions and repeats, the two decoders alternating "
-             "question by question, their order swapped each time; the machine is shared and noisy, so only the "
-             "ratio within a row means much. Baseline: our decoder without drafts, measured just before, not "
-             "interleaved.", "",
-             "| case | tree | steps compared | identical | steps with accepted drafts | tokens/step | "
-             "ours tok/s | official tok/s | ours / official | baseline tok/s |", "|---" * 10 + "|"]
-    for name, case in report["cases"].items():
-        for tree, row in case["trees"].items():
-            tps = row["tokens_per_second"]
-            same = "yes" if row["identical"] else f"no: {row['first_mismatch']}"
-            lines.append(f"| {name} ({case['questions']} q x {case['new_tokens']} tok) | {TREE_NAMES[tree]} | "
-                         f"{row['steps_compared']} | {same} | {row['steps_accepting_drafts']} | "
-                         f"{row['mean_tokens_per_step']:.2f} | {tps['ours']:.2f} | {tps['official']:.2f} | "
-                         f"{tps['ours'] / tps['official']:.2f}x | {case.get('baseline_tokens_per_second', 0):.2f} |")
-    return "\n".join(lines) + "\n"
-
-
-TREE_NAMES = {"v0.1": "0.1, [1, 7, 6] (49 nodes)", "head63": "HEAD, mc_sim_7b_63 (63 nodes)"}
 
 
 def one_case(name: str, model, tok, heads, prompt_list, new_tokens: int, repeats: int, args) -> tuple[dict, dict]:
@@ -301,8 +281,8 @@ def main(argv=None) -> dict:
     elif "trained" not in args.skip:
         print(f"no trained heads in {args.heads}: the trained case is left out", flush=True)
     write_json(REPORTS / "conformance.json", report)
-    (REPORTS / "conformance.md").write_text(markdown(report))
-    print(markdown(report), flush=True)
+    (REPORTS / "conformance.md").write_text(conformance_markdown(report))
+    print(conformance_markdown(report), flush=True)
     return report
 
 

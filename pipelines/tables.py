@@ -14,7 +14,7 @@ when present). Writes to reports/:
   results.md                       the results document: headline figures with 95% intervals, paired comparisons,
                                    the papers' claims judged by them, per-category means, Medusa-2's joint stage
                                    (also reads reports/metrics/train_*.json, evaluate_<tag>.json of the runs of
-                                   one method each, and results/calibrate/latency.json)
+                                   one method each, reports/conformance.json and results/calibrate/latency.json)
   speedup_intervals.png            every method's speedup with its interval
   comparisons.png                  the paired comparisons, ratio and interval
 """
@@ -82,6 +82,7 @@ def load_single_runs(folder: Path) -> dict[str, dict]:
 
 
 def load_latency(path: Path) -> dict | None:
+    """A JSON file's contents, or None when it is not there (the latency profile, the conformance report)."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -112,7 +113,8 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
-                                                         single_runs=load_single_runs(reports / "metrics")))
+                                                         single_runs=load_single_runs(reports / "metrics"),
+                                                         conformance=load_latency(reports / "conformance.json")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

@@ -193,7 +193,7 @@ def test_an_adaptive_tree_is_shown_but_not_counted_as_fixed(summary, tree, nodes
     assert shown in to_markdown(tables["speed"])
 
 
-def test_results_document_shows_runs_of_one_method_beside_their_peers(summary, tmp_path):
+def test_results_document_shows_runs_of_one_method_and_the_official_code_comparison(summary, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from pipelines.common import CONF_DIR
@@ -210,6 +210,12 @@ def test_results_document_shows_runs_of_one_method_beside_their_peers(summary, t
                                      "accept_length_ci": [1.3, 1.36], "questions": 24}}}
     (tmp_path / "reports" / "metrics").mkdir(parents=True)
     (tmp_path / "reports" / "metrics" / "evaluate_sps-optimal.json").write_text(json.dumps(single))
+    row = {"steps_compared": 315, "identical": True, "first_mismatch": None, "steps_accepting_drafts": 159,
+           "mean_tokens_per_step": 1.64, "tokens_per_second": {"ours": 3.87, "official": 1.36}}
+    report = {"machine": "AMD EPYC", "threads": 2, "official": "medusa-llm 0.1",
+              "cases": {"trained": {"questions": 8, "new_tokens": 64, "baseline_tokens_per_second": 6.23,
+                                    "trees": {"head63": row}}}}
+    (tmp_path / "reports" / "conformance.json").write_text(json.dumps(report))
     with initialize_config_dir(CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"paths.results={tmp_path / 'results'}",
                                                        f"paths.reports={tmp_path / 'reports'}"])
@@ -218,3 +224,5 @@ def test_results_document_shows_runs_of_one_method_beside_their_peers(summary, t
     assert "## Runs of one method each" in text and "`sps-optimal`: 24 questions" in text
     assert "| sps-optimal | 24 | 0.95x (0.90 to 1.00) | 0.94x (0.89 to 0.99) | 1.42 (1.38 to 1.46) |" in text
     assert "| sps_hf | 24 | 0.64x (0.61 to 0.68) | - | 1.33 (1.30 to 1.36) |" in text
+    assert "## Against the authors' Medusa code" in text and "against medusa-llm 0.1" in text
+    assert "| trained (8 q x 64 tok) | HEAD, mc_sim_7b_63 (63 nodes) | 315 | yes | 159 | 1.64 | 3.87 | 1.36 | 2.85x |" in text
