@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut conformance install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut bench-joint conformance install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -49,6 +49,11 @@ bench-cut: $(STAMP)
 # our decoder step by step against the authors' Medusa code, in its own .venv-conformance (docs/conformance.md)
 conformance: $(STAMP)
 	$(BIN)/python -m pipelines.conformance $(ARGS)
+
+# what Medusa-2's joint stage does to head 0 against its joint positions (after `dvc repro train@medusa2`);
+# OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"
+bench-joint: $(STAMP)
+	$(BIN)/python -m pipelines.bench_joint heads=medusa2 $(OVERRIDES)
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000
