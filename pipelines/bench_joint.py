@@ -25,7 +25,6 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.heads import HeadsConfig, build_heads
 from models.heads.joint_stage import JointCurve
 from models.heads.schedules import plan_stages
 from models.heads.training import Medusa1Module
@@ -59,15 +58,11 @@ def stage1_heads(cfg: DictConfig, model, data: dict):
     ckpt = Path(cfg.paths.results) / "checkpoints" / "medusa2" / "stage1" / "last.ckpt"
     if not ckpt.is_file():
         raise FileNotFoundError(f"{ckpt} does not exist: run `dvc repro train@medusa2` first")
-    h = cfg.heads
     draft_ids, _ = T.draft_vocabulary(cfg, data, model.config.vocab_size)
-    config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
-                                  dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
-                                  draft_vocab_size=None if draft_ids is None else len(draft_ids))
-    heads = build_heads(config, model, draft_ids)
+    heads = T.trainable_heads(cfg, model, draft_ids)
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     heads.load_state_dict({k[len("heads."):]: v for k, v in state.items() if k.startswith("heads.")}, strict=False)
-    return heads.requires_grad_(True)
+    return heads
 
 
 @stage

@@ -20,7 +20,6 @@ from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is re
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from models.heads import load_heads
 from models.heads.formats import export_heads, import_medusa
 from models.measure.conformance import (accepted_counts, compare_steps, medusa_v01_tree, record_steps,
                                         seeded_medusa_heads)
+from models.measure.calibration import cpu_model
 from models.measure.mtbench import chat_input_ids, load_questions
 from pipelines.common import REPO_ROOT, write_json
 
@@ -200,8 +200,6 @@ def write_golden(case: dict, prompt_list: list[dict], settings: dict, path: Path
     print(f"wrote {path.relative_to(REPO_ROOT)}", flush=True)
 
 
-
-
 def one_case(name: str, model, tok, heads, prompt_list, new_tokens: int, repeats: int, args) -> tuple[dict, dict]:
     base = baseline(model, tok, prompt_list, new_tokens) if args.baseline else None
     case = run_case(name, model, tok, heads, prompt_list, new_tokens, repeats, args)
@@ -224,13 +222,6 @@ def earlier_cases(skipped: list[str]) -> dict:
     path = REPORTS / "conformance.json"
     cases = json.loads(path.read_text()).get("cases", {}) if path.is_file() else {}
     return {name: case for name, case in cases.items() if name in skipped}
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def parse_args(argv=None):
@@ -262,7 +253,7 @@ def main(argv=None) -> dict:
                      reuse=True)
     model, tok = load_base_model(args.model)
     prepare_for_decoding(model)
-    report = {"machine": cpu_name(),
+    report = {"machine": cpu_model(),
               "threads": args.threads, "official": "medusa-llm 0.1 + FasterDecoding/Medusa e2a5d20 tree code, "
               "transformers 4.34.1", "cases": earlier_cases(args.skip)}
     if "golden" not in args.skip:

@@ -81,7 +81,7 @@ def load_single_runs(folder: Path) -> dict[str, dict]:
     return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))}
 
 
-def load_latency(path: Path) -> dict | None:
+def load_json_if_present(path: Path) -> dict | None:
     """A JSON file's contents, or None when it is not there (the latency profile, the conformance report)."""
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -111,10 +111,10 @@ def make_reports(cfg: DictConfig) -> list[Path]:
              plots.plot_speedup_intervals(summary, reports / "speedup_intervals.png"),
              plots.plot_comparisons(standard_comparisons(summary), reports / "comparisons.png")]
     train = load_train_metrics(reports / "metrics")
-    (reports / "results.md").write_text(results_markdown(summary, train, load_latency(results / "calibrate" / "latency.json"),
+    (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
                                                          single_runs=load_single_runs(reports / "metrics"),
-                                                         conformance=load_latency(reports / "conformance.json")))
+                                                         conformance=load_json_if_present(reports / "conformance.json")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

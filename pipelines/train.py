@@ -271,6 +271,16 @@ def log_metrics(metrics: dict, out_dir: Path, path: Path) -> None:
              metrics["draft_vocab_size"], metrics["draft_vocab_val_coverage"], metrics["wall_time_s"])
 
 
+def trainable_heads(cfg: DictConfig, model, draft_ids: torch.Tensor | None):
+    """Fresh heads of cfg.heads on `model` and the draft vocabulary, every parameter trainable (the Hydra++
+    prefix layer is a copy of a frozen base layer)."""
+    h = cfg.heads
+    config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
+                                  dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
+                                  draft_vocab_size=None if draft_ids is None else len(draft_ids))
+    return build_heads(config, model, draft_ids).requires_grad_(True)
+
+
 def run_train(cfg: DictConfig) -> dict:
     """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
     cfg = with_profile_heads(cfg)
@@ -287,11 +297,7 @@ def run_train(cfg: DictConfig) -> dict:
     data_key = sequences_fingerprint([s for split in data.values() for part in split for s in part])
     draft_ids, val_coverage = draft_vocabulary(cfg, data, model.config.vocab_size)     # 2) draft vocabulary
     hidden, cache_s = hidden_caches(cfg, model, data)                                  # 3) hidden cache
-    config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
-                                  dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
-                                  draft_vocab_size=None if draft_ids is None else len(draft_ids))
-    heads = build_heads(config, model, draft_ids)                                      # 4) heads, fit
-    heads.requires_grad_(True)   # the Hydra++ prefix layer is a copy of a (frozen) base layer
+    heads = trainable_heads(cfg, model, draft_ids)                                     # 4) heads, fit
     loader = make_loader(cfg, data, hidden, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     ckpt_root, out_dir = Path(cfg.paths.results) / "checkpoints" / h.name, Path(cfg.paths.results) / "heads" / h.name
     fit = functools.partial(fit_family, cfg, heads, model, recipe, loader, ckpt_root, data_key, effective_epochs(cfg),
