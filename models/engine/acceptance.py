@@ -138,7 +138,7 @@ def accept_greedy(tokens, buf, logits: NodeLogits, sampling=None, generator=None
     parents = buf.parent_list
     pred = torch.full((buf.num_tokens,), -1, dtype=torch.long, device=tokens.device)
     pred[parents] = logits.rows(parents).argmax(-1)                   # base argmax at every node with children
-    ri = buf.retrieve                                                  # [L, D+1]
+    ri = buf.on("retrieve", tokens.device)                             # [L, D+1]
     ok = (tokens[ri[:, 1:].clamp(min=0)] == pred[ri[:, :-1].clamp(min=0)]) & (ri[:, 1:] >= 0)
     accepted = ok.long().cumprod(1).sum(1)                             # [L] accepted drafts per path
     best = int(accepted.argmax())
@@ -166,11 +166,11 @@ def accept_typical(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, ge
     parents = buf.parent_list
     probs = (logits.rows(parents).float() / sampling.temperature).softmax(-1)         # [P, V]
     threshold = typical_threshold(probs, sampling)                                      # [P]
-    slot = buf.parent_row[buf.parent[1:]]                              # [N-1] row of each node's parent
+    slot = buf.on("parent_row", tokens.device)[buf.on("parent", tokens.device)[1:]]   # [N-1] row of each node's parent
     p_node = probs[slot, tokens[1:]]                                   # [N-1] p(token | parent)
     ok = torch.cat([torch.ones(1, dtype=torch.bool, device=probs.device), p_node > threshold[slot]])
     logp = torch.cat([torch.zeros(1, device=probs.device), torch.log(p_node)])
-    ri = buf.retrieve
+    ri = buf.on("retrieve", tokens.device)
     valid = ri[:, 1:] >= 0
     ok_path = (ok[ri[:, 1:].clamp(min=0)] & valid).long().cumprod(1)   # [L, D]
     accepted = ok_path.sum(1)

@@ -49,7 +49,8 @@ def project(linear, x: torch.Tensor) -> torch.Tensor:
     if is_packed(linear):                       # prepared by models.engine.fast_inference: its own fast path
         return linear(x.to(linear.weight.dtype))
     if not (isinstance(linear, torch.nn.Linear) and x.device.type == "cpu" and linear.weight.dtype == torch.float32):
-        return linear(x)
+        # float32 heads on a bf16 base's shared LM head (GPU profiles): the product in the weights' dtype
+        return linear(x.to(linear.weight.dtype)) if isinstance(linear, torch.nn.Linear) else linear(x)
     x = x.to(torch.float32)
     R = x.shape[0]
     if R <= SMALL_BATCH:

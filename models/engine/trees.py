@@ -128,6 +128,7 @@ class TreeBuffers:
     parent_row: torch.Tensor     # [N] long: row of a node in parent_list, -1 for leaves
     _masks: dict = field(default_factory=dict, repr=False)
     _subtrees: dict = field(default_factory=dict, repr=False)
+    _on: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -149,6 +150,14 @@ class TreeBuffers:
             self._subtrees[keep] = TreeBuffers.build(
                 TreeSpec(f"{self.spec.name}[{len(keep) - 1}]", tuple(nodes[i - 1] for i in keep[1:]), self.spec.topk))
         return self._subtrees[keep]
+
+    def on(self, name: str, device: torch.device | str) -> torch.Tensor:
+        """Buffer `name` on `device`: the buffers are built on the CPU, and the acceptance rules combine them with
+        the verify step's tensors, on the GPU there (one copy per device, kept)."""
+        key = (name, str(device))
+        if key not in self._on:
+            self._on[key] = getattr(self, name).to(device)
+        return self._on[key]
 
     def additive_mask(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype and device)."""

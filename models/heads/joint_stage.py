@@ -50,7 +50,7 @@ def answer_perplexity(model, ids_list, labels_list, device: str) -> float:
 
 def backbone_drift(module, data: dict, device: str) -> dict:
     """How far a jointly trained backbone moved: the val answers' perplexity with its adapters on and off."""
-    backbone = module.backbone
+    backbone = module.backbone.to(device)       # Lightning's teardown leaves a GPU-trained module on the CPU
     backbone.eval()
     ids, labels = data["val"]
     adapted = answer_perplexity(backbone, ids, labels, device)

@@ -1,0 +1,124 @@
+"""The GPU code paths, on CUDA (skipped on a machine without one; CI has none): every drafter family decodes
+losslessly with the base and heads on the GPU, sampling and typical acceptance run there, per-step timing
+synchronises the device, each training recipe fits on the GPU under Lightning (bf16-mixed, as trainer=gpu),
+and the train stage runs with trainer=gpu. The evaluate, calibrate and distill stage tests pick the GPU by
+themselves (device auto) when one is present."""
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from models.base import build_tiny_model
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import generate, prefill, time_step
+from models.engine.drafters import PromptLookupDrafter, heads_drafter, make_drafter
+from models.heads import HeadsConfig, build_heads, load_heads
+from models.heads.fitting import fit_resumable
+from tests.test_decoding import TREES, cyclic_prompt, prompt_ids
+from tests.test_training import loaders, make_module, save_distilled
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+FAMILIES = ("medusa", "hydra", "hydra_pp", "eagle", "draft_model")
+
+
+def cuda_model(dtype=torch.float32, seed=0):
+    model, tok = build_tiny_model(seed=seed)
+    return model.to(CUDA, dtype), tok
+
+
+def cuda_heads(model, family, seed=0):
+    """Random heads of `family` on the model's device, every weight perturbed so each code path matters."""
+    torch.manual_seed(seed)
+    config = HeadsConfig.for_base(model, family, num_heads=4, num_layers=1, share_lm_head=family != "hydra")
+    heads = build_heads(config, model).to(next(model.parameters()).device).eval()
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return heads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_decodes_losslessly_on_the_gpu(family, dtype):
+    model, tok = cuda_model(dtype)
+    heads = cuda_heads(model, family)
+    ids = prompt_ids(tok)
+    base = generate(model, tok, ids, max_new_tokens=32, stop_token_ids=[])
+    assert len(base.new_tokens) == 32
+    for name in ("chain4", "sparse64"):
+        res = generate(model, tok, ids, heads_drafter(heads, TREES[name]), max_new_tokens=32, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens, (family, name)
+        assert len(res.new_tokens) == 1 + sum(res.accept_lengths)
+
+
+def test_prompt_lookup_and_a_merged_tree_decode_losslessly_on_the_gpu():
+    model, tok = cuda_model()
+    ids = cyclic_prompt(model, tok)
+    base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
+    pld = generate(model, tok, ids, make_drafter({"kind": "prompt_lookup"}), max_new_tokens=40, stop_token_ids=[])
+    assert pld.new_tokens == base.new_tokens
+    heads = cuda_heads(model, "hydra")
+    merged = generate(model, tok, ids, heads_drafter(heads, TREES["chain4"], lookup=PromptLookupDrafter()),
+                      max_new_tokens=40, stop_token_ids=[])
+    assert merged.new_tokens == base.new_tokens
+
+
+@pytest.mark.parametrize("acceptance", ["sampling", "typical"])
+def test_sampling_and_typical_acceptance_run_on_the_gpu_and_repeat_with_a_seed(acceptance):
+    model, tok = cuda_model()
+    heads = cuda_heads(model, "medusa")
+    ids = prompt_ids(tok)
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95, seed=3, acceptance=acceptance)
+    runs = [generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"], want_probs=acceptance == "sampling"),
+                     sampling=sampling, max_new_tokens=24, stop_token_ids=[]) for _ in range(2)]
+    assert runs[0].new_tokens == runs[1].new_tokens                 # the generator lives on the GPU, seeded
+    assert len(runs[0].new_tokens) == 24 and all(0 <= t < model.config.vocab_size for t in runs[0].new_tokens)
+
+
+def test_step_timing_synchronises_the_gpu(monkeypatch):
+    calls, real = [], torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a) or real(*a))
+    model, tok = cuda_model()
+    heads = cuda_heads(model, "hydra")
+    with torch.inference_mode():
+        drafter = heads_drafter(heads, TREES["sparse64"])
+        state = prefill(model, torch.tensor([prompt_ids(tok)], device=CUDA), SamplingConfig(), drafter=drafter)
+        times = time_step(state, drafter, 3, repeats=3)
+    assert len(times) == 3 and all(t["step"] > 0 and t["verify"] > 0 for t in times)
+    assert len(calls) >= 2 * 4                      # clock reads around each part of the warm-up and 3 timed steps
+    assert state.sync is None                       # set for the timing only
+
+
+@pytest.mark.parametrize("kind", ["medusa1", "hydra", "hydra_pp", "medusa2"])
+def test_each_recipe_fits_on_the_gpu_in_bf16_mixed(kind, tmp_path):
+    model, tok = build_tiny_model(seed=0)
+    model.to(CUDA)
+    train, val = loaders(tok, model, cache_dir=None if kind == "medusa2" else tmp_path / "cache")
+    module, heads = make_module(kind, model)
+    kwargs = {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed", "enable_progress_bar": False,
+              "log_every_n_steps": 1}
+    before = pl.Trainer(logger=False, **kwargs).validate(module, val, verbose=False)[0]["val/loss"]
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4, trainer_kwargs=kwargs)
+    assert trainer.strategy.root_device.type == "cuda"
+    assert trainer.callback_metrics["val/loss"] < before
+    assert all(torch.isfinite(p).all() for p in heads.parameters())
+
+
+@pytest.mark.parametrize("heads_name", ["hydra_pp", "medusa2", "eagle"])
+def test_the_train_stage_runs_with_trainer_gpu(heads_name, compose_cfg, monkeypatch, tmp_path):
+    from pipelines.common import apply_selection
+    from pipelines.train import run_train
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = apply_selection(compose_cfg("profile=smoke", "trainer=gpu", f"+select.heads={heads_name}",
+                                      "profile.train.batch_positions=100", "profile.train.draft_vocab_size=64",
+                                      "profile.train.max_length=96", "profile.train.progress_bar=false"))
+    save_distilled(cfg.data.distilled_dir)
+    metrics = run_train(cfg)
+    assert metrics["val_top1"]["head0"] >= 0.0
+    model, _ = build_tiny_model()
+    base, heads = load_heads(tmp_path / "results" / "heads" / heads_name, model.to(CUDA))
+    assert next(heads.parameters()).device.type == "cuda"
