@@ -34,6 +34,17 @@ def compare(summary: dict, a: str, b: str, metric: str = "speedup") -> dict | No
     return {"a": a, "b": b, "metric": metric, **out, "verdict": verdict(out)}
 
 
+def compare_across_runs(single: dict, a: str, summary: dict, b: str, metric: str = "speedup") -> dict | None:
+    """Method a of a run of its own (reports/metrics/evaluate_<tag>.json, with per_question) against method b of
+    the main run, paired by question: each speedup is over its own run's baseline on that question, and greedy
+    accepted lengths do not depend on the run. None when either is missing."""
+    ma, mb = (single or {}).get("methods", {}).get(a), summary["methods"].get(b)
+    if not ma or not ma.get("per_question") or not mb:
+        return None
+    out = paired_comparison(per_question_values(ma, metric), per_question_values(mb, metric))
+    return {"a": f"{a} (run {single.get('tag')})", "b": b, "metric": metric, **out, "verdict": verdict(out)}
+
+
 def stronger_pld_name(summary: dict) -> str | None:
     """The prompt lookup with the higher mean speedup over the whole run."""
     plds = [(n, m["speedup"].get("mean")) for n, m in summary["methods"].items() if m["kind"] in PLD_LABELS]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from analysis.claims import claim_rows, claims_markdown
 from analysis.conformance import conformance_section
-from analysis.comparisons import describe, fmt_interval, standard_comparisons
+from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, fmt_interval, standard_comparisons
 from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
 
@@ -53,7 +53,9 @@ def category_means_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def medusa2_section(summary: dict, train: dict[str, dict]) -> str:
+def medusa2_section(summary: dict, train: dict[str, dict], own: dict | None = None) -> str:
+    """The joint stage's recipe, head 0 before and after it and along it, how far it moved the backbone, and (own:
+    Medusa-2's run of its own, reports/metrics/evaluate_medusa2-optimal.json) Medusa-2 against Medusa-1."""
     m2, m1 = train.get("medusa2"), train.get("medusa1")
     if not m2:
         return ""
@@ -81,11 +83,17 @@ def medusa2_section(summary: dict, train: dict[str, dict]) -> str:
         out.append(f"\nHow far the joint stage moved the backbone: perplexity of the val answers "
                    f"{m2['val_answer_perplexity_base']:.3f} with the adapters off, "
                    f"{m2['val_answer_perplexity_adapted']:.3f} with them on.")
-    ref = summary["methods"].get("baseline-medusa2", {}).get("agreement_with_base")
+    ref = ((own or summary).get("methods", {}).get("baseline-medusa2") or {}).get("agreement_with_base")
     if ref and ref.get("turns"):
         out.append(f"Its greedy MT-Bench answers against the base's: {ref['identical_answers']} of {ref['turns']} "
                    f"identical token for token; {100 * ref['identical_prefix_share']:.1f}% of the base's tokens come "
                    "before the first difference.")
+    pair = {m: compare_across_runs(own, "medusa2-optimal", summary, "medusa1-optimal", m) for m in METRIC_LABELS}
+    if own and all(pair.values()):
+        out.append(f"\nMedusa-2 against Medusa-1 on their calibrated trees, Medusa-2 in a run of its own (`{own.get('tag')}`, "
+                   f"{own.get('num_questions')} questions) and Medusa-1 in the main run, paired by question (each speedup "
+                   f"over its own run's baseline): accepted length {describe(pair['accept_length'])}; speed "
+                   f"{describe(pair['speedup'])}.")
     return "\n".join(out) + "\n"
 
 
@@ -150,7 +158,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         comparisons_table(comps),
         "## The papers' claims, on this hardware",
         "",
-        claims_markdown(claim_rows(summary, train, latency)),
+        claims_markdown(claim_rows(summary, train, latency, single_runs)),
         "## Speedup per MT-Bench category (means)",
         "",
         category_means_table(summary),
@@ -162,7 +170,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
                   single_runs_section(single_runs)]
     if conformance:
         parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
-    m2 = medusa2_section(summary, train)
+    m2 = medusa2_section(summary, train, (single_runs or {}).get("medusa2-optimal"))
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]
     return "\n".join(parts)

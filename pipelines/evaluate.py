@@ -246,7 +246,8 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics_of(summary, lossless))
+    metrics = metrics_of(summary, lossless, per_question=sel.mode == "selected")    # a selected run: paired later
+    write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 
 

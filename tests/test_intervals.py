@@ -143,3 +143,32 @@ def test_results_document_opens_with_the_run_from_the_stage_metrics():
     assert "| prepare | 1 min 01 s |" in text and "| distill | 10 min 00 s |" in text
     assert "| train@hydra | 5 min 52 s |" in text
     assert "## The run" not in results_markdown(summary, {})
+
+
+def test_a_run_of_its_own_is_paired_by_question_with_the_main_run():
+    """Medusa-2 evaluated on its own (heads retrained after the main run): its per-question figures in the run's
+    metrics pair with the main run's Medusa-1 question by question, in the claims table and the Medusa-2 section."""
+    from models.measure.stage_metrics import metrics_of
+
+    summary = _summary()
+    rng = random.Random(7)
+    base = [rng.uniform(2.0, 3.0) for _ in range(16)]
+    own_recs = _records("medusa2-optimal", [t / (1.5 * rng.uniform(0.98, 1.02)) for t in base], accept=2)
+    own_summary = {"tag": "medusa2-optimal", "settings": {"num_questions": 16, "max_new_tokens": 100},
+                   "methods": {"baseline": {"kind": "baseline", **summarize_method([_records("baseline", base)],
+                                                                                  [_records("baseline", base)])},
+                               "medusa2-optimal": {"kind": "heads", **summarize_method([own_recs],
+                                                                                      [_records("baseline", base)])}}}
+    own = metrics_of(own_summary, {"passed": True, "methods": {}}, per_question=True)
+    assert len(own["methods"]["medusa2-optimal"]["per_question"]) == 16
+    assert "per_question" not in metrics_of(own_summary, {"passed": True, "methods": {}})["methods"]["medusa2-optimal"]
+    rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"medusa2-optimal": own})}
+    row = rows["Medusa-2 beats Medusa-1"]                     # 1.5x against Medusa-1's 1.2x, on all 16 questions
+    assert row["verdict"] == "reproduced" and "run medusa2-optimal" in row["ours"] and "of 16" in row["ours"]
+    assert row["ours"].startswith("1.25x")
+    within = {r["claim"]: r for r in claim_rows(summary)}["Medusa-2 beats Medusa-1"]
+    assert within["verdict"] == "reversed"                    # the main run's own Medusa-2 (0.9x) where there is none
+    text = results_markdown(summary, {"medusa2": {"val_top1_head0_by_epoch": {"stage1": [0.3], "stage2": [0.31]},
+                                                  "recipe": {}}}, single_runs={"medusa2-optimal": own})
+    assert "Medusa-2 in a run of its own (`medusa2-optimal`, 16 questions)" in text
+    assert "accepted length 2.00x (2.00 to 2.00), ahead on 16 of 16" in text

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 
-def metrics_of(summary: dict, lossless: dict) -> dict:
+def metrics_of(summary: dict, lossless: dict, per_question: bool = False) -> dict:
     """reports/metrics/evaluate*.json: per method both speedups, and the stronger prompt lookup (pld or
-    pld_hf, by end-to-end speedup) that "beats prompt lookup" is judged against."""
+    pld_hf, by end-to-end speedup) that "beats prompt lookup" is judged against. per_question: also each
+    question's speedup and accepted length (a run of one method, so that the tables can pair it question by
+    question with the main run's methods)."""
     base = summary["methods"]["baseline"]
     def ci(s, key):
         return (s.get("intervals") or {}).get(key, {}).get("ci")
@@ -22,7 +24,10 @@ def metrics_of(summary: dict, lossless: dict) -> dict:
                    "decode_tokens_per_s": s["decode_throughput"]["mean"], "questions": s["questions"],
                    "per_category_speedup": {c: v["speedup"]["mean"] for c, v in (s.get("per_category") or {}).items()},
                    **({"pld_speedups": s["pld_speedups"]} if "pld_speedups" in s else {}),
-                   **({"agreement_with_base": s["agreement_with_base"]} if "agreement_with_base" in s else {})}
+                   **({"agreement_with_base": s["agreement_with_base"]} if "agreement_with_base" in s else {}),
+                   **({"per_question": {q: {k: (None if r[k] is None else round(r[k], 4))
+                                            for k in ("speedup", "accept_length")}
+                                        for q, r in (s.get("per_question") or {}).items()}} if per_question else {})}
                for n, s in summary["methods"].items() if n != "baseline"}
     plds = [n for n, s in summary["methods"].items()
             if s["kind"] in ("pld", "pld_hf") and s["speedup"]["mean"] is not None]
