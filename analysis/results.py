@@ -93,7 +93,8 @@ def medusa2_section(summary: dict, train: dict[str, dict], own: dict | None = No
         out.append(f"\nMedusa-2 against Medusa-1 on their calibrated trees, Medusa-2 in a run of its own (`{own.get('tag')}`, "
                    f"{own.get('num_questions')} questions) and Medusa-1 in the main run, paired by question (each speedup "
                    f"over its own run's baseline): accepted length {describe(pair['accept_length'])}; speed "
-                   f"{describe(pair['speedup'])}.")
+                   f"{describe(pair['speedup'])}. That run decodes the heads described in this section; the main run's "
+                   "Medusa-2 rows above decode the heads that run was made with.")
     return "\n".join(out) + "\n"
 
 
