@@ -1,6 +1,7 @@
 """python -m analysis.readme
 
-The README's headline table, made from the committed reports/metrics/evaluate.json: the block between the two
+The README's headline table, made from the committed reports/metrics/evaluate.json (and the runs of one method
+each, evaluate_<run>.json, beneath it): the block between the two
 markers below is rewritten, nothing else. tests/test_readme.py fails when the README and the metrics disagree.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
     return rows
 
 
-def headline_block(metrics: dict) -> str:
+def headline_block(metrics: dict, single_runs: dict[str, dict] | None = None) -> str:
     lines = [START, "",
              f"{metrics.get('num_questions')} MT-Bench questions, {metrics.get('max_new_tokens')} new tokens, greedy, "
              f"batch 1; the baseline decoded {metrics.get('baseline_tokens_per_s', 0):.1f} tokens/s. Speedup: mean "
@@ -46,22 +47,35 @@ def headline_block(metrics: dict) -> str:
     for label, m in headline_rows(metrics):
         lines.append(f"| {label} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
                      f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |")
+    own = {tag: r["methods"][tag] for tag, r in sorted((single_runs or {}).items()) if tag in r.get("methods", {})}
+    if own:
+        m2 = "; Medusa-2's decodes the heads of the committed `train_medusa2.json`" if "medusa2-optimal" in own else ""
+        lines += ["", "Methods run on their own after the main run (`reports/metrics/evaluate_<run>.json`), each speedup "
+                  f"over the baseline of its own run{m2}:", "",
+                  "| run | questions | speedup (95% interval) | accepted tokens a step (95% interval) |", "|---|---|---|---|"]
+        lines += [f"| {tag} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
+                  f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |" for tag, m in own.items()]
     return "\n".join(lines + ["", END])
 
 
-def refresh(readme: str, metrics: dict) -> str:
+def single_runs(folder: Path = REPO_ROOT / "reports" / "metrics") -> dict[str, dict]:
+    """{run: reports/metrics/evaluate_<run>.json} of the methods run on their own."""
+    return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))}
+
+
+def refresh(readme: str, metrics: dict, runs: dict[str, dict] | None = None) -> str:
     """readme with its headline block replaced; a README without the markers is an error, not a silent no-op."""
     if START not in readme or END not in readme:
         raise ValueError(f"README has no headline block: expected a line {START!r} and a line {END!r}")
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
-    return head + headline_block(metrics) + tail
+    return head + headline_block(metrics, runs) + tail
 
 
 def main(argv: list[str]) -> None:
     readme = REPO_ROOT / "README.md"
     metrics = json.loads((REPO_ROOT / "reports" / "metrics" / "evaluate.json").read_text())
-    text = refresh(readme.read_text(), metrics)
+    text = refresh(readme.read_text(), metrics, single_runs())
     if text != readme.read_text():
         readme.write_text(text)
         print("README.md: headline table rewritten from reports/metrics/evaluate.json")

@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from analysis import plots
 from analysis.comparisons import standard_comparisons
+from analysis.readme import single_runs
 from analysis.results import results_markdown
 from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
@@ -76,11 +77,6 @@ def load_stage_metrics(folder: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in paths if p.is_file()}
 
 
-def load_single_runs(folder: Path) -> dict[str, dict]:
-    """{tag: reports/metrics/evaluate_<tag>.json} of the runs of one method each (evaluate_selected)."""
-    return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))}
-
-
 def load_json_if_present(path: Path) -> dict | None:
     """A JSON file's contents, or None when it is not there (the latency profile, the conformance report)."""
     return json.loads(path.read_text()) if path.is_file() else None
@@ -113,7 +109,7 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
-                                                         single_runs=load_single_runs(reports / "metrics"),
+                                                         single_runs=single_runs(reports / "metrics"),
                                                          conformance=load_json_if_present(reports / "conformance.json")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
