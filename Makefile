@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut bench-joint conformance install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut bench-joint conformance conformance-eagle install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -49,6 +49,10 @@ bench-cut: $(STAMP)
 # our decoder step by step against the authors' Medusa code, in its own .venv-conformance (docs/conformance.md)
 conformance: $(STAMP)
 	$(BIN)/python -m pipelines.conformance $(ARGS)
+
+# our EAGLE-1 decoder step by step against the authors' eagle-llm 1.2.1, in its own .venv-conformance-eagle
+conformance-eagle: $(STAMP)
+	$(BIN)/python -m pipelines.conformance_eagle $(ARGS)
 
 # what Medusa-2's joint stage does to head 0 against its joint positions (after `dvc repro train@medusa2`);
 # OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"

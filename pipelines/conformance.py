@@ -51,16 +51,17 @@ REPORTS = REPO_ROOT / "reports"
 TREES = ("v0.1", "head63")          # the runner's names: 0.1's [1, 7, 6] and HEAD's mc_sim_7b_63
 
 
-def official_env(venv: Path = VENV) -> Path:
-    """The conformance environment's python, built on first use (pip from the package index)."""
+def official_env(venv: Path = VENV, installs: tuple[list[str], ...] = OFFICIAL_PACKAGES) -> Path:
+    """The conformance environment's python, built on first use (pip from the package index, one install per
+    list of `installs`)."""
     py = venv / "bin" / "python"
     stamp = venv / ".installed"
     if not stamp.is_file():
-        print(f"building {venv}: {' '.join(OFFICIAL_PACKAGES[0] + OFFICIAL_PACKAGES[1])}", flush=True)
+        print(f"building {venv}: {' '.join(a for step in installs for a in step)}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        for packages in OFFICIAL_PACKAGES:
+        for packages in installs:
             subprocess.run([str(py), "-m", "pip", "install", "-q", *packages], check=True)
-        stamp.write_text("\n".join(OFFICIAL_PACKAGES[0] + OFFICIAL_PACKAGES[1]) + "\n")
+        stamp.write_text("\n".join(a for step in installs for a in step) + "\n")
     return py
 
 

@@ -3,6 +3,7 @@ drafts, the same greedy output; what a format cannot hold is refused with the re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,38 @@ def test_eagle_heads_round_trip_through_the_authors_format(tiny, tmp_path):
     torch.save(state, tmp_path / "eagle" / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"misshapen \['layers.0.mlp.up_proj.weight'\]"):
         import_heads(tmp_path / "eagle", model, "eagle")
+
+
+def test_a_bare_eagle_module_exports_as_eagle_llm_reads_it(tiny, tmp_path):
+    """write_eagle_module: the names and shapes eagle-llm 1.2.1's cnets.Model holds (strict load: fc with bias,
+    layers.0 without input_layernorm, embed_tokens), a one-layer LlamaConfig of the base's sizes with the rotary
+    base under rope_theta, and the same layer read back."""
+    from models.heads.eagle import EagleModule
+    from models.heads.eagle_format import read_eagle, write_eagle_module
+
+    model, _ = tiny
+    eagle = EagleModule.from_base(model, seed=2)
+    files = write_eagle_module(eagle, model, tmp_path / "ea")
+    assert sorted(Path(f).name for f in files) == ["config.json", "pytorch_model.bin"]
+    state = torch.load(tmp_path / "ea" / "pytorch_model.bin", weights_only=True)
+    c = model.config
+    h = c.hidden_size
+    kv = c.num_key_value_heads * (h // c.num_attention_heads)
+    want = {"fc.weight": (h, 2 * h), "fc.bias": (h,), "embed_tokens.weight": (c.vocab_size, h),
+            "layers.0.self_attn.q_proj.weight": (h, h), "layers.0.self_attn.k_proj.weight": (kv, h),
+            "layers.0.self_attn.v_proj.weight": (kv, h), "layers.0.self_attn.o_proj.weight": (h, h),
+            "layers.0.mlp.gate_proj.weight": (c.intermediate_size, h),
+            "layers.0.mlp.up_proj.weight": (c.intermediate_size, h),
+            "layers.0.mlp.down_proj.weight": (h, c.intermediate_size),
+            "layers.0.post_attention_layernorm.weight": (h,)}
+    assert {k: tuple(v.shape) for k, v in state.items()} == want
+    meta = json.loads((tmp_path / "ea" / "config.json").read_text())
+    assert meta["num_hidden_layers"] == 1 and meta["bias"] is True and meta["architectures"] == ["LlamaForCausalLM"]
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "rms_norm_eps"):
+        assert meta[key] == getattr(c, key), key
+    theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
+    assert meta["rope_theta"] == float(theta)
+    back = read_eagle(tmp_path / "ea", model).eagle
+    for key, value in eagle.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key

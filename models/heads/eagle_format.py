@@ -1,6 +1,7 @@
 """EAGLE-1 heads in the authors' format (`eagle-llm` 1.2.x, EaModel.from_pretrained(ea_model_path=...)) and back.
 
     files, notes = write_eagle(heads, model, folder)      # config.json + pytorch_model.bin
+    files = write_eagle_module(eagle, model, folder)      # a bare EagleModule (full vocabulary), the same layout
     heads = read_eagle(folder, model)                     # a DraftHeads of family eagle, full vocabulary
 
 The folder holds `config.json` (the base's config with num_hidden_layers 1: the draft layer's shape) and
@@ -21,17 +22,28 @@ WEIGHTS, CONFIG = "pytorch_model.bin", "config.json"
 
 
 def write_eagle(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
-    module = heads.family.draft_module(heads)
+    files = write_eagle_module(heads.family.draft_module(heads), base_model, folder)
+    notes = [] if heads.draft_ids is None else [
+        f"the draft vocabulary ({heads.draft_ids.numel()} tokens) is not carried: the authors' drafter scores the "
+        "full vocabulary with the base LM head, so its drafts can include tokens these heads never proposed"]
+    return files, notes
+
+
+def write_eagle_module(module, base_model, folder: Path) -> list[str]:
+    """A bare EagleModule (models/heads/eagle.py) in the authors' layout; -> the files written. config.json also
+    names the rotary base as `rope_theta` (transformers 4.x reads that key; 5.x nests it in rope_parameters)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     state["embed_tokens.weight"] = base_model.get_input_embeddings().weight.detach().contiguous().cpu()
     config = base_model.config.to_dict()
     config.update({"num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"], "bias": module.fc.bias is not None})
+    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
+    if theta is not None:
+        config["rope_theta"] = float(theta)
     torch.save(state, folder / WEIGHTS)
     (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
-    notes = [] if heads.draft_ids is None else [
-        f"the draft vocabulary ({heads.draft_ids.numel()} tokens) is not carried: the authors' drafter scores the "
-        "full vocabulary with the base LM head, so its drafts can include tokens these heads never proposed"]
-    return [str(folder / WEIGHTS), str(folder / CONFIG)], notes
+    return [str(folder / WEIGHTS), str(folder / CONFIG)]
 
 
 def read_eagle(folder: str | Path, base_model):

@@ -6,6 +6,8 @@ a seed, our steps recorded as the official loop records its own, and the two com
     rec = record_steps(model, drafter, ids, max_new_tokens=64, eos_token_id=tok.eos_token_id)
     rec["steps"]          # per step [root, accepted drafts...]: the tokens it appends, as 0.1 and HEAD append them
     compare_steps(ours["steps"], official["steps"])   # {"compared", "identical", "first_mismatch"}
+    eagle = seeded_eagle_module(model, seed=0)                       # an EAGLE-1 layer from a seed (the EAGLE check)
+    tree = paths_tree("eagle_mc_sim_7b_63", paths)                   # a static tree given by its paths
 
 The official loop (medusa_generate) appends, per step, the root (the base model's token from the step before)
 and the drafts it accepted, and stops after the step whose tokens reach the limit or contain EOS; record_steps
@@ -21,6 +23,7 @@ import torch
 from models.engine.decoding import SamplingConfig, decode_step, prefill
 from models.engine.trees import TreeSpec
 from models.heads import DraftHeads, HeadsConfig, build_heads
+from models.heads.eagle import EagleModule
 
 
 def medusa_v01_tree(topk: tuple[int, ...] = (7, 6)) -> TreeSpec:
@@ -45,6 +48,29 @@ def seeded_medusa_heads(model, seed: int = 0, num_heads: int = 4, scale: float =
             linear.weight.copy_(torch.randn(h, h, generator=g, dtype=torch.float32) * scale)
             linear.bias.copy_(torch.randn(h, generator=g, dtype=torch.float32) * scale)
     return heads.eval()
+
+
+def paths_tree(name: str, paths, topk: int = 10) -> TreeSpec:
+    """A static tree from its paths of ranks (as the authors' tree_choices lists hold them)."""
+    return TreeSpec(name, tuple(tuple(int(r) for r in p) for p in paths), topk=topk)
+
+
+def seeded_eagle_module(model, seed: int = 0, scale: float = 0.02) -> EagleModule:
+    """An EAGLE-1 layer with the same weights on any machine, without training: EagleModule.from_base(model,
+    seed) (its decoder layer's Linears N(0, 0.02^2) from that seed), then fc = [N(0, scale^2) | I + N(0, scale^2)]
+    with bias N(0, scale^2) from torch.Generator(seed), float32. fc passes the feature f_t on, nearly unchanged,
+    and the small random layer adds to it what the token and the context make of it: the predicted feature
+    stays near f_t, so the drafts are likely tokens (the root's own runners-up, repeated tokens) and some steps
+    accept drafts."""
+    module = EagleModule.from_base(model, seed=seed)
+    h = model.config.hidden_size
+    g = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        weight = torch.randn(h, 2 * h, generator=g, dtype=torch.float32) * scale
+        weight[:, h:] += torch.eye(h)
+        module.fc.weight.copy_(weight)
+        module.fc.bias.copy_(torch.randn(h, generator=g, dtype=torch.float32) * scale)
+    return module.eval()
 
 
 @torch.inference_mode()
