@@ -7,9 +7,10 @@ A benchmark, not a test: on this machine, for the configured base model (SmolLM2
      prepacked linears, grouped-query attention without copying the cache); the targets:
      4 tokens <= 1.20x and 8 tokens <= 1.35x of a 1-token step;
   2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
-     share of the verify step (forward + LM head), per head family of `pipeline_heads` with the sparse64
-     tree and freshly initialised heads on the profile's draft vocabulary (their quality does not
-     matter for timing).
+     share of the verify step (forward + LM head), per head family of `pipeline_heads` (Medusa, Hydra,
+     Hydra++, EAGLE, the draft model of `sps`; a row per family, named by its first head config) with the
+     sparse64 tree and freshly initialised heads on the profile's draft vocabulary (their quality does not
+     matter for timing; the draft model starts as copies of base layers, EAGLE's layer as random weights).
 Prints both tables and writes results/bench/bench_verify.json.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
                        max_new_tokens=settings["new_tokens"], stop_token_ids=[])
         per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
         overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
-        rows.append({"family": family, "heads_layers": layers, "steps": res.steps,
+        rows.append({"family": family, "heads": conf_name, "heads_layers": layers, "steps": res.steps,
                      "mean_accepted_length": res.mean_accepted_length, "tokens_per_second": res.tokens_per_second,
                      **{f"{k}_ms": v for k, v in per_step.items()}, "overhead_share": overhead / per_step["verify"]})
     return rows
@@ -119,13 +120,14 @@ def main(cfg: DictConfig) -> None:
 
     rows = overhead_per_family(cfg, model, settings)
     print(f"\n2) per decoding step, tree {settings['tree']}, {settings['new_tokens']} new tokens, random heads")
-    print(f"{'family':>9} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
+    print(f"{'heads':>22} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
           f"{'tok/s':>7}")
     for r in rows:
         if r["family"] == "baseline":
-            print(f"{'baseline':>9} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
+            print(f"{'baseline':>22} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
             continue
-        print(f"{r['family']:>9} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
+        name = f"{r['heads']} ({r['family']})"
+        print(f"{name:>22} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
               f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
     record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load,
               "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,

@@ -212,9 +212,13 @@ def test_make_drafter_names_what_an_eagle_drafter_misses():
         make_drafter({"kind": "eagle"}, eagle=eagle)
     drafter = make_drafter({"kind": "eagle", "tree": TreeBuffers.build(TREES["chain4"])}, eagle=eagle)
     assert isinstance(drafter, EagleDrafter) and drafter.buf.spec == TREES["chain4"]
-    sampled = SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample")
-    with pytest.raises(ValueError, match="top-k drafts only"):
-        drafter.start(DraftContext(torch.arange(4), torch.randn(4, model.config.hidden_size), sampled))
+    sampled = SamplingConfig(temperature=0.7, top_k=5, acceptance="sampling", draft="sample")   # sampled drafts: q
+    drafter.start(DraftContext(torch.arange(4), torch.randn(4, model.config.hidden_size), sampled,
+                               torch.Generator().manual_seed(0)))
+    draft = drafter.draft(5, 4)
+    q = draft.draft_q(0)                                                     # the root's q over the full vocabulary
+    assert q.shape == (model.config.vocab_size,) and abs(float(q.sum()) - 1) < 1e-5 and int((q > 0).sum()) == 5
+    assert bool((q[draft.tokens[draft.buf.children[0]]] > 0).all())
 
 
 def test_unroll_is_every_positions_chain_along_its_true_tokens():

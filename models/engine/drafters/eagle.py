@@ -16,17 +16,19 @@ predicted feature, token i) at position P-1+d; the root's pair is (f_{P-1}, root
 are run: those of one depth in one forward whose rows are appended to the draft cache behind the accepted ones,
 with a 4-D additive mask (every accepted row visible; of the drafted rows, the node's ancestors and itself:
 the tree mask, as the base's verify step). The node's predicted feature through the LM head gives its
-children: the top-k ranks the tree asks for. The drafted rows are cropped off at the end of draft(), so the
-cache again holds the accepted pairs only.
-
-Greedy drafts only (greedy, typical acceptance, or sampling with draft="topk"); the draft layer attends to the
-whole context (a sliding window is not applied to it).
+children: the top-k ranks the tree asks for, or (lossless sampling with draft="sample") as many draws without
+replacement from q = the node's warped draft distribution (warp_probs with the base's temperature, top-k and
+top-p), handed to the acceptance rule as draft_q(node) over the full vocabulary (zero outside a draft
+vocabulary). The drafted rows are cropped off at the end of draft(), so the cache again holds the accepted pairs
+only. The draft layer attends to the whole context (a sliding window is not applied to it).
 """
 from __future__ import annotations
 
 import torch
 
+from models.engine.acceptance import SamplingConfig
 from models.engine.drafters.base import AdvanceHistory
+from models.engine.drafters.heads import draw_without_replacement, full_vocabulary_q
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
 from models.engine.trees import TreeBuffers
@@ -38,7 +40,7 @@ class EagleProposer:
     """The draft layer's state and proposals. heads: a DraftHeads of the eagle family (its layer, its LM head
     over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full
     vocabulary with the model's logit transform. want_probs: draft() also returns node_probs, the product of the
-    draft's softmax probabilities root -> node."""
+    draft's softmax probabilities root -> node (top-k drafts)."""
 
     def __init__(self, heads=None, eagle=None, want_probs: bool = False):
         if (heads is None) == (eagle is None):
@@ -49,9 +51,12 @@ class EagleProposer:
             linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
             self.logits = lambda x: project(linear, x)
             self.head_dtype = linear.weight.dtype
+            self.draft_ids, self.vocab_size = heads.draft_ids, heads.config.vocab_size
         else:
             self.logits = BaseLogits(self.eagle.lm_head, logit_transform(self.eagle.base_config))   # [R, h] -> [R, V]
             self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
+            self.draft_ids, self.vocab_size = None, self.eagle.base_config.vocab_size
+        self.sampling, self.generator = SamplingConfig(), None    # how children are proposed (start)
         self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
         self.history = AdvanceHistory()                # (P, f_{P-1}) after each of the last advances
@@ -59,12 +64,10 @@ class EagleProposer:
     # -- state ---------------------------------------------------------------------------------
     def start(self, hidden: torch.Tensor, sampling, generator=None, input_ids: torch.Tensor | None = None) -> None:
         """The prompt's pairs (f_t, x_{t+1}), t = 0..T-2, into a fresh draft cache; f_{T-1} kept. hidden [T, h],
-        input_ids [T]."""
-        if sampling.samples_drafts:
-            raise ValueError("the eagle drafter proposes top-k drafts only: use greedy or typical acceptance, or "
-                             "acceptance=sampling with draft='topk' (sampled EAGLE drafts are not implemented)")
+        input_ids [T]; sampling: top-k ranks, or draws from `generator` when sampling.samples_drafts."""
         if input_ids is None:
             raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
+        self.sampling, self.generator = sampling, generator
         self.cache = new_cache()
         self.history.clear()
         T = hidden.shape[0]
@@ -98,20 +101,27 @@ class EagleProposer:
     # -- proposals -----------------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, root: int, buf: TreeBuffers):
-        """-> (tree tokens [N] for buffers `buf` (node 0 = root), None (no sampled q), node_probs [N] or None)."""
+        """-> (tree tokens [N] for buffers `buf` (node 0 = root), draft_q(node) -> q [V] of its children when they
+        are sampled, else None, node_probs [N] with want_probs (top-k drafts) or None)."""
         device = self.feature.device
         tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=device)            # [N]
         tokens[0] = root
-        probs = torch.ones(buf.num_tokens) if self.want_probs else None                  # [N]
+        sampled = self.sampling.samples_drafts
+        probs = torch.ones(buf.num_tokens) if self.want_probs and not sampled else None  # [N]
+        q_of = {} if sampled else None                                                   # parent -> q [Vd]
         accepted = self.cache.get_seq_length()                                           # P-1 rows
         try:
-            self.draft_levels(buf, tokens, probs, accepted)
+            self.draft_levels(buf, tokens, probs, accepted, q_of)
         finally:
             self.cache.crop(accepted - self.cache.get_seq_length())                     # drafted rows off
-        return tokens, None, probs
+        if not q_of:
+            return tokens, None, probs
+        return tokens, (lambda node: full_vocabulary_q(q_of[node], self.draft_ids, self.vocab_size)), probs
 
-    def draft_levels(self, buf: TreeBuffers, tokens: torch.Tensor, probs: torch.Tensor | None, accepted: int) -> None:
-        """Fill tokens (and probs) of every depth of `buf` in place; the draft cache grows by the rows run."""
+    def draft_levels(self, buf: TreeBuffers, tokens: torch.Tensor, probs: torch.Tensor | None, accepted: int,
+                     q_of: dict | None = None) -> None:
+        """Fill tokens (and probs, or q_of: parent -> q [Vd] of sampled children) of every depth of `buf` in place;
+        the draft cache grows by the rows run."""
         device, dtype = tokens.device, self.eagle.dtype
         tree_mask = buf.tree_mask[0, 0]                                                  # [N, N] ancestors + self
         pred = None                                                                      # [N, h] predicted features
@@ -127,12 +137,23 @@ class EagleProposer:
             if pred is None:
                 pred = out.new_empty(buf.num_tokens, out.shape[-1])
             pred[nodes] = out                                                            # [R, h]
-            logits = self.logits(out.to(self.head_dtype))                                # [R, Vd]
-            if level.num_ranks > logits.shape[-1]:
-                raise ValueError(f"the tree asks for {level.num_ranks} ranks per node but the draft scores "
-                                 f"{logits.shape[-1]} tokens")
+            self.propose(self.logits(out.to(self.head_dtype)), level, buf, tokens, probs, q_of)   # [R, Vd]
+
+    def propose(self, logits: torch.Tensor, level, buf: TreeBuffers, tokens: torch.Tensor,
+                probs: torch.Tensor | None, q_of: dict | None) -> None:
+        """The children of one level's parents from their draft logits [R, Vd] (row s: level.parents[s]): the
+        top-k ranks (and their softmax probabilities into probs), or with q_of draws from q without replacement
+        (each parent's q into q_of)."""
+        if level.num_ranks > logits.shape[-1]:
+            raise ValueError(f"the tree asks for {level.num_ranks} ranks per node but the draft scores "
+                             f"{logits.shape[-1]} tokens")
+        if q_of is not None:
+            picks, q = draw_without_replacement(logits, level.num_ranks, self.sampling, self.generator)   # [R, k]
+            q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
+        else:
             top = torch.topk(logits, level.num_ranks, dim=-1)                            # [R, k]
-            tokens[level.nodes] = self.to_ids(top.indices[level.parent_slot, level.ranks])
-            if probs is not None:                                                        # softmax at the top-k
-                p = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()   # [R, k]
-                probs[level.nodes] = probs[buf.parent[level.nodes]] * p[level.parent_slot, level.ranks].float().cpu()
+            picks = top.indices
+        tokens[level.nodes] = self.to_ids(picks[level.parent_slot, level.ranks])
+        if probs is not None:                                                            # softmax at the top-k
+            p = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()       # [R, k]
+            probs[level.nodes] = probs[buf.parent[level.nodes]] * p[level.parent_slot, level.ranks].float().cpu()

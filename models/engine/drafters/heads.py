@@ -32,6 +32,22 @@ from models.heads import DraftHeads
 from models.heads.families import get_family
 
 
+def draw_without_replacement(logits: torch.Tensor, k: int, sampling: SamplingConfig,
+                             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, Vd] -> (k draws per row from q = warp_probs(logits, sampling) without replacement, in the order
+    drawn [R, k], q [R, Vd]): the exponential race (Gumbel top-k), one random number per token."""
+    q = warp_probs(logits, sampling)
+    race = torch.empty_like(q).exponential_(generator=generator)
+    return torch.topk(q / race, k, dim=-1).indices, q
+
+
+def full_vocabulary_q(q: torch.Tensor, draft_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """q [Vd] over a draft vocabulary (token ids draft_ids [Vd]; None: the full one) -> [V], zero outside it."""
+    if draft_ids is None:
+        return q
+    return q.new_zeros(vocab_size).index_copy_(0, draft_ids.to(q.device), q)
+
+
 class HeadsDrafter:
     """want_probs: draft() also returns node_probs, the product of the heads' probabilities root -> node
     (greedy and typical drafts; the cost cuts and the cut replay read them)."""
@@ -95,16 +111,11 @@ class HeadsDrafter:
             if self.want_probs:                     # softmax at the top-k: exp(l - logsumexp(l))
                 probs = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
         else:
-            q = warp_probs(logits, self.sampling)
-            race = torch.empty_like(q).exponential_(generator=self.generator)
-            picks = torch.topk(q / race, k, dim=-1).indices                    # = k draws from q without replacement
+            picks, q = draw_without_replacement(logits, k, self.sampling, self.generator)
         return (picks if self.draft_ids is None else self.draft_ids[picks]), q, probs
 
     def _full_q(self, q: torch.Tensor) -> torch.Tensor:
-        """q [Vd] over the draft vocabulary -> [V] over the full vocabulary, zero outside the draft vocabulary."""
-        if self.draft_ids is None:
-            return q
-        return q.new_zeros(self.heads.config.vocab_size).index_copy_(0, self.draft_ids, q)
+        return full_vocabulary_q(q, self.draft_ids, self.heads.config.vocab_size)
 
     def head_logits(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
         """Head k's logits over the draft vocabulary: hidden [R, h], path [R, k+1] -> [R, Vd], with the fast projection."""
