@@ -65,10 +65,11 @@ def test_prompt_lookup_and_a_merged_tree_decode_losslessly_on_the_gpu():
     assert merged.new_tokens == base.new_tokens
 
 
+@pytest.mark.parametrize("family", ["medusa", "eagle", "draft_model"])
 @pytest.mark.parametrize("acceptance", ["sampling", "typical"])
-def test_sampling_and_typical_acceptance_run_on_the_gpu_and_repeat_with_a_seed(acceptance):
+def test_sampling_and_typical_acceptance_run_on_the_gpu_and_repeat_with_a_seed(acceptance, family):
     model, tok = cuda_model()
-    heads = cuda_heads(model, "medusa")
+    heads = cuda_heads(model, family)
     ids = prompt_ids(tok)
     sampling = SamplingConfig(temperature=0.8, top_p=0.95, seed=3, acceptance=acceptance)
     runs = [generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"], want_probs=acceptance == "sampling"),
