@@ -32,41 +32,11 @@ from medusa.model import utils as utils01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import medusa_head  # noqa: E402
+from tf4_model import rewrite_model  # noqa: E402  (fix 3: the model folder, rewritten for transformers 4.34)
 
 
 def say(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-# -- fix 3: the model folder, rewritten for transformers 4.34 ---------------------------------------------
-def rewrite_model(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.suffix == ".safetensors" or f.name in ("generation_config.json",):
-            target = dst / f.name
-            if not target.exists():
-                target.symlink_to(f.resolve())
-    cfg = json.loads((src / "config.json").read_text())
-    rope = (cfg.pop("rope_parameters", None) or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
-    cfg["rope_theta"] = float(rope)
-    cfg["torch_dtype"] = cfg.pop("dtype", cfg.get("torch_dtype", "float32"))
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    say(f"fix 3: config.json for transformers 4.34: rope_parameters -> rope_theta={cfg['rope_theta']}, "
-        f"dtype -> torch_dtype={cfg['torch_dtype']}")
-    tok = json.loads((src / "tokenizer.json").read_text())
-    merges = tok["model"].get("merges", [])
-    if merges and isinstance(merges[0], list):
-        tok["model"]["merges"] = [" ".join(m) for m in merges]
-        say(f"fix 3: tokenizer.json: {len(merges)} merges as 'a b' strings (tokenizers 0.14 reads no pairs)")
-    (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    tcfg = json.loads((src / "tokenizer_config.json").read_text())
-    if tcfg.get("tokenizer_class") != "GPT2TokenizerFast":
-        say(f"fix 3: tokenizer_config.json: tokenizer_class {tcfg.get('tokenizer_class')} -> GPT2TokenizerFast")
-        tcfg["tokenizer_class"] = "GPT2TokenizerFast"
-    for key in ("backend", "is_local"):
-        tcfg.pop(key, None)
-    (dst / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
-    return dst
 
 
 def heads_folder(src: Path, dst: Path, model_dir: Path, num_heads: int | None = None) -> Path:
@@ -198,7 +168,7 @@ def main():
     import transformers
     say(f"official side: medusa-llm 0.1 (+ HEAD e2a5d20 tree code), transformers {transformers.__version__}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    model_dir = rewrite_model(args.model, args.work / "model-tf434")
+    model_dir = rewrite_model(args.model, args.work / "model-tf434", say, "fix 3")
     fix_kv_cache()
     # 0.1's medusa_choices give one top-k count per head after the root ([1, 7, 6]: 2 heads), so that tree
     # runs on a 2-head load of the same file; HEAD's 63-node tree on all 4 heads.
