@@ -225,13 +225,15 @@ def earlier_cases(skipped: list[str]) -> dict:
     return {name: case for name, case in cases.items() if name in skipped}
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[2])
+def parse_args(argv=None, description: str = __doc__.split("\n")[2], heads: str = "results/heads/medusa1",
+               questions: int = 8, new_tokens: int = 64):
+    """The options of both conformance runs (this one and pipelines.conformance_eagle), with the run's defaults."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="artifacts/models/SmolLM2-135M-Instruct", help="relative to the repository")
     ap.add_argument("--questions-file", default="artifacts/raw/mt_bench_question.jsonl")
-    ap.add_argument("--heads", default="results/heads/medusa1")
-    ap.add_argument("--questions", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--heads", default=heads)
+    ap.add_argument("--questions", type=int, default=questions)
+    ap.add_argument("--new-tokens", type=int, default=new_tokens)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--golden-questions", type=int, default=3)
     ap.add_argument("--golden-tokens", type=int, default=32)

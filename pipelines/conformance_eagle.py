@@ -20,7 +20,6 @@ fixes, and tokens/s per decoder (medians over the runs).
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
-import argparse
 import json
 import os
 import statistics
@@ -38,6 +37,7 @@ from models.heads.eagle_format import read_eagle, write_eagle_module
 from models.measure.calibration import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
 from pipelines.common import REPO_ROOT, write_json
+from pipelines import conformance
 from pipelines.conformance import _agrees, _paired, _tokens, baseline, official_env, prompts
 
 VENV = REPO_ROOT / ".venv-conformance-eagle"
@@ -158,21 +158,7 @@ def one_case(name: str, model, tok, module, prompt_list, new_tokens: int, repeat
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[2])
-    ap.add_argument("--model", default="artifacts/models/SmolLM2-135M-Instruct", help="relative to the repository")
-    ap.add_argument("--questions-file", default="artifacts/raw/mt_bench_question.jsonl")
-    ap.add_argument("--heads", default="results/heads/eagle")
-    ap.add_argument("--questions", type=int, default=3)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--golden-questions", type=int, default=3)
-    ap.add_argument("--golden-tokens", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scale", type=float, default=0.02)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-baseline", dest="baseline", action="store_false")
-    ap.add_argument("--skip", choices=("golden", "trained"), action="append", default=[])
-    return ap.parse_args(argv)
+    return conformance.parse_args(argv, __doc__.split("\n")[2], "results/heads/eagle", questions=3, new_tokens=32)
 
 
 def main(argv=None) -> dict:
