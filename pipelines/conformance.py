@@ -66,29 +66,31 @@ def official_env(venv: Path = VENV, installs: tuple[list[str], ...] = OFFICIAL_P
 
 
 class Official:
-    """conformance/official_medusa.py in the conformance environment: one request file in, one result file out."""
+    """An official runner (conformance/official_<name>.py) in its environment: one request file in, one result file
+    out. `paths`: its path options (--model, --heads, --eagle); `ready`: what it reported on start."""
 
-    def __init__(self, py: Path, model_dir: Path, heads_dir: Path, work: Path, threads: int, check_ids: list[int]):
-        self.work = work
+    def __init__(self, py: Path, runner: Path, name: str, work: Path, threads: int, check_ids: list[int], **paths):
+        self.work, self.name = work, name
+        flags = [a for key, path in paths.items() for a in (f"--{key}", str(path))]
         self.proc = subprocess.Popen(
-            [str(py), str(RUNNER), "--model", str(model_dir), "--heads", str(heads_dir), "--work", str(work),
-             "--threads", str(threads), "--check-ids", ",".join(map(str, check_ids))],
+            [str(py), str(runner), *flags, "--work", str(work), "--threads", str(threads),
+             "--check-ids", ",".join(map(str, check_ids))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        ready = json.loads(self.proc.stdout.readline() or "{}")
-        if not ready.get("ready"):
-            raise RuntimeError("the official Medusa runner did not start (see its messages above)")
-        self.mc_sim_7b_63 = [tuple(p) for p in ready["mc_sim_7b_63"]]
+        self.ready = json.loads(self.proc.stdout.readline() or "{}")
+        if not self.ready.get("ready"):
+            raise RuntimeError(f"the official {name} runner did not start (see its messages above)")
         self.count = 0
 
-    def decode(self, tree: str, ids: list[int], max_new_tokens: int) -> dict:
+    def decode(self, ids: list[int], max_new_tokens: int, **extra) -> dict:
+        """One answer; `extra` goes into the request as it is (Medusa's runner: the tree)."""
         self.count += 1
         request = self.work / f"request-{self.count}.json"
-        request.write_text(json.dumps({"tree": tree, "ids": ids, "max_new_tokens": max_new_tokens}))
+        request.write_text(json.dumps({**extra, "ids": ids, "max_new_tokens": max_new_tokens}))
         self.proc.stdin.write(f"{request}\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline().strip()
         if not answer:
-            raise RuntimeError(f"the official Medusa runner stopped on {request}")
+            raise RuntimeError(f"the official {self.name} runner stopped on {request}")
         return json.loads(Path(answer).read_text())
 
     def close(self):
@@ -96,10 +98,15 @@ class Official:
         self.proc.wait(timeout=60)
 
 
+def mc_sim_7b_63(official: Official) -> list[tuple]:
+    """HEAD's 63-node tree as the Medusa runner reported it."""
+    return [tuple(p) for p in official.ready["mc_sim_7b_63"]]
+
+
 def our_trees(official: Official) -> dict:
     """Our TreeSpecs for the runner's trees; HEAD's list must be conf/tree/sparse64.yaml's."""
     sparse64 = tree_from_config(yaml.safe_load((REPO_ROOT / "conf" / "tree" / "sparse64.yaml").read_text()))
-    if sorted(sparse64.paths) != sorted(official.mc_sim_7b_63):
+    if sorted(sparse64.paths) != sorted(mc_sim_7b_63(official)):
         raise ValueError("conf/tree/sparse64.yaml is not HEAD's mc_sim_7b_63")
     return {"v0.1": medusa_v01_tree(), "head63": sparse64}
 
@@ -115,12 +122,12 @@ def run_case(name: str, model, tok, heads, prompt_list: list[dict], new_tokens: 
     export_heads(heads, model, work / "heads-official", "medusa")
     ours_heads = import_medusa(work / "heads-official", model)       # the very file the official code loads
     prepare_heads_for_decoding(ours_heads, bf16=False)                # float32, as the official heads
-    official = Official(official_env(), Path(args.model).resolve(), work / "heads-official", work, args.threads,
-                        prompt_list[0]["ids"])
+    official = Official(official_env(), RUNNER, "Medusa", work, args.threads, prompt_list[0]["ids"],
+                        model=Path(args.model).resolve(), heads=work / "heads-official")
     trees = our_trees(official)
     drafters = {t: make_drafter({"kind": "heads", "tree": spec}, heads=ours_heads) for t, spec in trees.items()}
     for tree in TREES:                  # warm-up, untimed: first-call allocations (0.1's KV cache, our packing)
-        official.decode(tree, prompt_list[0]["ids"], 8)
+        official.decode(prompt_list[0]["ids"], 8, tree=tree)
         record_steps(model, drafters[tree], prompt_list[0]["ids"], 8, tok.eos_token_id)
     runs = {t: {"ours": [], "official": []} for t in TREES}
     steps = {t: [] for t in TREES}
@@ -130,7 +137,7 @@ def run_case(name: str, model, tok, heads, prompt_list: list[dict], new_tokens: 
             for tree in TREES:
                 got = {}
                 for who in order:
-                    got[who] = (official.decode(tree, p["ids"], new_tokens) if who == "official" else
+                    got[who] = (official.decode(p["ids"], new_tokens, tree=tree) if who == "official" else
                                 record_steps(model, drafters[tree], p["ids"], new_tokens, tok.eos_token_id))
                     runs[tree][who].append(len(got[who]["new_tokens"]) / got[who]["seconds"])
                 if r == 0:
@@ -139,7 +146,7 @@ def run_case(name: str, model, tok, heads, prompt_list: list[dict], new_tokens: 
                 print(f"{name} {tree} q{p['question_id']} run {r}: " + ", ".join(
                     f"{w} {runs[tree][w][-1]:.2f} tok/s" for w in order), flush=True)
     official.close()
-    return {"runs": runs, "steps": steps, "mc_sim_7b_63": official.mc_sim_7b_63}
+    return {"runs": runs, "steps": steps, "mc_sim_7b_63": mc_sim_7b_63(official)}
 
 
 def baseline(model, tok, prompt_list: list[dict], new_tokens: int) -> dict:

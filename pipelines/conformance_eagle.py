@@ -23,7 +23,6 @@ from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is re
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from models.measure.calibration import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
 from pipelines.common import REPO_ROOT, write_json
 from pipelines import conformance
-from pipelines.conformance import _agrees, _paired, _tokens, baseline, official_env, prompts
+from pipelines.conformance import Official, _agrees, _paired, _tokens, baseline, official_env, prompts
 
 VENV = REPO_ROOT / ".venv-conformance-eagle"
 OFFICIAL_PACKAGES = (["torch==2.13.0", "transformers==4.36.2"], ["--no-deps", "eagle-llm==1.2.1"])
@@ -48,46 +47,15 @@ REPORT = REPO_ROOT / "reports" / "conformance_eagle.json"
 TREE = "eagle_mc_sim_7b_63"
 
 
-class Official:
-    """conformance/official_eagle.py in its environment: one request file in, one result file out."""
-
-    def __init__(self, py: Path, model_dir: Path, eagle_dir: Path, work: Path, threads: int, check_ids: list[int]):
-        self.work = work
-        self.proc = subprocess.Popen(
-            [str(py), str(RUNNER), "--model", str(model_dir), "--eagle", str(eagle_dir), "--work", str(work),
-             "--threads", str(threads), "--check-ids", ",".join(map(str, check_ids))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        ready = json.loads(self.proc.stdout.readline() or "{}")
-        if not ready.get("ready"):
-            raise RuntimeError("the official EAGLE runner did not start (see its messages above)")
-        self.tree = [list(p) for p in ready["tree"]]
-        self.checks = ready["checks"]
-        self.count = 0
-
-    def decode(self, ids: list[int], max_new_tokens: int) -> dict:
-        self.count += 1
-        request = self.work / f"request-{self.count}.json"
-        request.write_text(json.dumps({"ids": ids, "max_new_tokens": max_new_tokens}))
-        self.proc.stdin.write(f"{request}\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline().strip()
-        if not answer:
-            raise RuntimeError(f"the official EAGLE runner stopped on {request}")
-        return json.loads(Path(answer).read_text())
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
 def run_case(name: str, model, tok, module, prompt_list: list[dict], new_tokens: int, repeats: int, args) -> dict:
     """Both decoders on every prompt, interleaved; -> the case's records, timings, tree and the runner's checks."""
     work = Path(tempfile.mkdtemp(prefix=f"conformance-eagle-{name}-"))
     write_eagle_module(module, model, work / "eagle-official")
     ours = read_eagle(work / "eagle-official", model).eagle          # the very file the official code loads
-    official = Official(official_env(VENV, OFFICIAL_PACKAGES), Path(args.model).resolve(), work / "eagle-official",
-                        work, args.threads, prompt_list[0]["ids"])
-    drafter = make_drafter({"kind": "eagle", "tree": paths_tree(TREE, official.tree)}, eagle=ours)
+    official = Official(official_env(VENV, OFFICIAL_PACKAGES), RUNNER, "EAGLE", work, args.threads,
+                        prompt_list[0]["ids"], model=Path(args.model).resolve(), eagle=work / "eagle-official")
+    tree = [list(p) for p in official.ready["tree"]]
+    drafter = make_drafter({"kind": "eagle", "tree": paths_tree(TREE, tree)}, eagle=ours)
     official.decode(prompt_list[0]["ids"], 8)                         # warm-up, untimed
     record_steps(model, drafter, prompt_list[0]["ids"], 8, tok.eos_token_id)
     runs, steps = {"ours": [], "official": []}, []
@@ -105,7 +73,7 @@ def run_case(name: str, model, tok, module, prompt_list: list[dict], new_tokens:
             print(f"{name} q{p['question_id']} run {r}: "
                   + ", ".join(f"{w} {runs[w][-1]:.2f} tok/s" for w in order), flush=True)
     official.close()
-    return {"runs": runs, "steps": steps, "tree": official.tree, "checks": official.checks}
+    return {"runs": runs, "steps": steps, "tree": tree, "checks": official.ready["checks"]}
 
 
 def summarize(case: dict, base: dict | None, new_tokens: int) -> dict:
