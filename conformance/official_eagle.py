@@ -21,7 +21,6 @@ cnets.Model.init_tree, is the same mc_sim_7b_63); EAGLE-2's dynamic tree is not 
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ import eagle.model.modeling_llama_kv as kv
 from eagle.model.choices import mc_sim_7b_63
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import serve as serve_requests  # noqa: E402
 from tf4_model import rewrite_model  # noqa: E402
 
 
@@ -116,20 +116,10 @@ class Recorder:
 
 
 def serve(model, rec):
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        path = Path(line.strip())
-        req = json.loads(path.read_text())
-        rec.steps = []
-        t0 = time.perf_counter()
+    def decode(req):
         model.eagenerate(torch.tensor([req["ids"]]), temperature=0.0, max_new_tokens=int(req["max_new_tokens"]) - 1,
                          tree_choices=mc_sim_7b_63)
-        seconds = time.perf_counter() - t0
-        out = {"steps": rec.steps, "new_tokens": [t for s in rec.steps for t in s], "seconds": seconds}
-        result = path.with_suffix(".result.json")
-        result.write_text(json.dumps(out))
-        print(result, flush=True)
+    serve_requests(rec, decode)
 
 
 def main():

@@ -21,7 +21,6 @@ import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ from medusa.model import utils as utils01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import medusa_head  # noqa: E402
+from serve import serve as serve_requests  # noqa: E402
 from tf4_model import rewrite_model  # noqa: E402  (fix 3: the model folder, rewritten for transformers 4.34)
 
 
@@ -140,20 +140,10 @@ def decode_head63(model, rec, ids, max_new):
 
 
 def serve(models, rec):
-    for line in sys.stdin:
-        path = Path(line.strip())
-        if not line.strip():
-            continue
-        req = json.loads(path.read_text())
-        rec.steps = []
-        t0 = time.perf_counter()
-        decode = decode_v01 if req["tree"] == "v0.1" else decode_head63
-        decode(models[req["tree"]], rec, req["ids"], int(req["max_new_tokens"]))
-        seconds = time.perf_counter() - t0
-        out = {"steps": rec.steps, "new_tokens": [t for s in rec.steps for t in s], "seconds": seconds}
-        result = path.with_suffix(".result.json")
-        result.write_text(json.dumps(out))
-        print(result, flush=True)
+    def decode(req):
+        run = decode_v01 if req["tree"] == "v0.1" else decode_head63
+        run(models[req["tree"]], rec, req["ids"], int(req["max_new_tokens"]))
+    serve_requests(rec, decode)
 
 
 def main():
