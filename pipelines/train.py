@@ -192,11 +192,12 @@ def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
     """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
     (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
     t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
+    taps = get_family(cfg.heads.family).taps(model.config)        # EAGLE-3: its taps beside the final state
     if t.get("hidden_cache", True):
         for split, (ids, _) in data.items():
-            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids)
+            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=taps)
             hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
-                                              desc=f"hidden cache {split}")
+                                              desc=f"hidden cache {split}", taps=taps)
     return hidden, time.time() - t0
 
 

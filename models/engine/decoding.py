@@ -41,6 +41,7 @@ from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical
 from models.engine.drafters.base import DraftContext, StepDrafter
 from models.engine.kv_cache import keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
+from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
 
 __all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "prefill", "decode_step", "time_step", "generate"]
@@ -217,15 +218,22 @@ class DecodeState:
         return time.perf_counter()
 
 
+def drafter_taps(drafter) -> tuple[int, ...]:
+    """The base states a drafter reads in place of the final hidden states (EAGLE-3), or none."""
+    return tuple(getattr(drafter, "taps", ()) or ()) if drafter is not None else ()
+
+
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
             drafter: StepDrafter | None = None) -> DecodeState:
     """The prompt ids [1, T] through the base model -> the state with the first new token as root."""
     decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
     cache = new_cache()
-    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
+    with LayerTaps(decoder, drafter_taps(drafter)) as tapped:
+        hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
     root = _first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
     if drafter is not None:
-        drafter.start(DraftContext(ids[0], hidden, sampling, generator))
+        features = hidden if not tapped.taps else tapped.features()[0]                               # [T, w]
+        drafter.start(DraftContext(ids[0], features, sampling, generator))
     return DecodeState(decoder, logits, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
 
 
@@ -239,12 +247,14 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     root, past, timings = state.root, state.past, state.timings
     draft = drafter.draft(root, max_depth) if drafter is not None else None
     buf, tokens, draft_q = (draft.buf, draft.tokens, draft.draft_q) if draft is not None else (None, None, None)
+    tapped = LayerTaps(state.decoder, drafter_taps(drafter))                 # hooks only when the drafter reads taps
     t2 = state.clock()
     if buf is None or buf.num_tokens == 1:
         # a) plain step: the root alone, causal, no mask needed
-        hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
-                               position_ids=torch.tensor([[past]], device=state.device),
-                               past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
+        with tapped:
+            hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
+                                   position_ids=torch.tensor([[past]], device=state.device),
+                                   past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
         t_fwd = state.clock()
         logits = state.base_logits(hidden)[0]                                                       # [V]
         t3 = state.clock()
@@ -256,7 +266,8 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
         timings["accept"] += t4 - t3
     else:
         # b) verify the tree in one forward, c) accept (the LM head runs only on the rows the rule reads)
-        hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)             # [N, h]
+        with tapped:
+            hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)         # [N, h]
         t3 = state.clock()
         node_logits = NodeLogits(hidden, state.base_logits)
         rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
@@ -269,7 +280,8 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
         timings["accept"] += t4 - t3 - node_logits.seconds
     # d) commit: the drafter's state follows the accepted path
     if drafter is not None:
-        drafter.advance(hidden[path], [root, *drafts], past)
+        features = hidden if not tapped.taps else tapped.features()[0]                 # [N, w]
+        drafter.advance(features[path], [root, *drafts], past)
     state.past, state.root = past + len(path), bonus
     timings["draft"] += t2 - t1
     timings["commit"] += state.clock() - t4

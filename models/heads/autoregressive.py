@@ -21,7 +21,10 @@ from transformers import DynamicCache
 
 class AutoregressiveDraft(nn.Module):
     """Subclasses set self.layers (nn.ModuleList of decoder layers, layer_idx 0..n-1 of their own cache), optionally
-    self.norm, and implement inputs()."""
+    self.norm, and implement inputs(). `taps` names the base states the module reads as features
+    (models/engine/taps.py; empty: the final hidden state); `readout` is what the LM head reads of a prediction."""
+
+    taps: tuple[int, ...] = ()
 
     def __init__(self, base_model):
         super().__init__()
@@ -76,7 +79,8 @@ class AutoregressiveDraft(nn.Module):
         """The drafts of every position of whole sequences along their true tokens, depth by depth, as the drafter
         runs them when its parents are right (training, validation and calibration).
 
-        hidden [B, T, h]: the base's features f_0..f_{T-1}; input_ids [B, T]; right padding. -> `depths` tensors
+        hidden [B, T, w]: the base's features f_0..f_{T-1} (final states, or the taps the module names);
+        input_ids [B, T]; right padding. -> `depths` tensors
         [B, T-1, h]: entry k at row r is the feature predicted k+1 steps after the root pair (f_r, x_{r+1}),
         whose LM head scores x_{r+k+2} (row r of entry k is "head k at position r"). Depth 0 is one causal pass
         over the pairs (f_t, x_{t+1}); depth k >= 1 runs the pairs (entry k-1 at r, x_{r+k+1}) at positions r+k,
@@ -100,8 +104,13 @@ class AutoregressiveDraft(nn.Module):
             preds.append(self(preds[-1], tokens[:, k + 1:k + T], pos + k, cache=cache, attention_mask=mask))
         return preds
 
+    def readout(self, pred: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads of a predicted feature [..., h] (EAGLE-3: its final norm); the feature itself
+        is what the next depth reads."""
+        return pred
+
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The base LM head over (predicted) features: [..., h] -> [..., V] (without the model's logit
         transform, if it has one: projection.BaseLogits adds it)."""
         head = self.lm_head
-        return head(features.to(head.weight.dtype))
+        return head(self.readout(features).to(head.weight.dtype))

@@ -66,7 +66,7 @@ class DraftHeads(nn.Module):
         self.blocks = self.family.build_blocks(h, K, L)
         self.dropout = nn.Dropout(config.dropout)
         self.lm_heads = None if config.share_lm_head else nn.ModuleList(
-            [nn.Linear(h, Vd, bias=True) for _ in range(K)])
+            [nn.Linear(h, Vd, bias=self.family.lm_head_bias) for _ in range(self.family.num_lm_heads(K))])
         if config.draft_vocab_size is None:
             if draft_ids is not None:
                 raise ValueError("draft_ids given but config.draft_vocab_size is None (full vocabulary)")
@@ -110,6 +110,8 @@ class DraftHeads(nn.Module):
             with torch.no_grad():
                 for lin in self.lm_heads:
                     lin.weight.copy_(weight)
+                    if lin.bias is None:
+                        continue
                     if bias is not None:
                         lin.bias.copy_(bias)
                     else:
@@ -136,7 +138,7 @@ class DraftHeads(nn.Module):
     def output_layer(self, k: int) -> nn.Linear:
         """The Linear head k ends in ([h] -> [Vd]): its own, or the frozen base LM head (its draft-vocabulary rows)."""
         if self.lm_heads is not None:
-            return self.lm_heads[k]
+            return self.lm_heads[min(k, len(self.lm_heads) - 1)]      # autoregressive families: one for all depths
         self._require_base()
         if self.draft_ids is None:
             return self._base["lm_head"]

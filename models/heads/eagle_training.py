@@ -1,5 +1,5 @@
-"""Training EAGLE's draft layer or a draft model (docs/reference.md#autoregressive-drafters): recipe kinds
-"eagle" and "draft_model".
+"""Training EAGLE's draft layer (EAGLE-1, EAGLE-3) or a draft model (docs/reference.md#autoregressive-drafters):
+recipe kinds "eagle", "eagle3" and "draft_model".
 
     module = AutoregressiveFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
                                                       teacher_loss_weight=0.1, feature_noise=0.2))
@@ -14,7 +14,11 @@ positions and validation top-k are the other families'. Per depth k < recipe.unr
              + lm_loss_weight * CE(LM(pred), x_{t+k+2})             summed with weights head_decay^k
 
 EAGLE-1 is unroll=1 (its own inputs are always the base's features, with uniform noise); unroll > 1 trains
-the deeper depths on the layer's own predictions, as EAGLE-3's training-time test does. Validation measures
+the deeper depths on the layer's own predictions, as EAGLE-3's training-time test does. EAGLE-3 reads the base's
+taps (the hidden cache holds them after the final state: base_hidden), its LM head reads module.readout(pred)
+(its final norm), and its recipe has no feature loss: each depth a soft cross-entropy to the base's distribution
+over the draft vocabulary (the authors also drop positions whose base argmax is outside the draft vocabulary;
+here they count, with the teacher renormalised over the draft vocabulary as theirs is). Validation measures
 all num_heads depths whatever unroll is.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ from models.heads.training import HeadsModule, head_positions, register_recipe, 
 
 
 @register_recipe("eagle")
+@register_recipe("eagle3")
 @register_recipe("draft_model")
 class AutoregressiveFitModule(HeadsModule):
     """The frozen base's features in (from the hidden cache when the batch has them), the heads' draft module
@@ -33,9 +38,12 @@ class AutoregressiveFitModule(HeadsModule):
 
     def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
         r, heads = self.recipe, self.heads
-        hidden = self.base_hidden(batch)                                                # [B, T, h]
+        module = heads.family.draft_module(heads)
+        hidden = self.base_hidden(batch)                                                # [B, T, h (+ taps)]
+        h = heads.config.hidden_size
+        hidden, features = (hidden[..., :h], hidden[..., h:]) if module.taps else (hidden, hidden)
         depths = min(r.unroll, heads.config.num_heads) if self.training else heads.config.num_heads
-        preds = heads.family.draft_module(heads).unroll(hidden, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
+        preds = module.unroll(features, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
         total, per_head, extra = hidden.new_zeros(()), [], {}
         for k in range(heads.config.num_heads):
             b, t, target = head_positions(batch["labels"], k, batch.get("sources"))
@@ -43,7 +51,7 @@ class AutoregressiveFitModule(HeadsModule):
                 per_head.append(None)
                 continue
             pred, feature = preds[k][b, t], hidden[b, t + k + 1].to(preds[k].dtype)    # [N, h] each
-            logits = heads.lm_head(0, heads.dropout(pred))                             # [N, Vd]
+            logits = heads.lm_head(0, heads.dropout(module.readout(pred)))             # [N, Vd]
             loss_k = logits.new_zeros(())
             if k < r.unroll:
                 if r.feature_loss_weight:

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.engine.taps import eagle3_taps
 from models.heads.draft_model import DraftModel
 from models.heads.eagle import EagleModule
+from models.heads.eagle3 import Eagle3Module
 
 FAMILIES: dict[str, "HeadFamily"] = {}
 
@@ -81,6 +83,15 @@ class HeadFamily:
     recipes: ClassVar[tuple[str, ...]] = ()   # models/heads/training.py RECIPES it can be trained with
     # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
     window_recipes: ClassVar[tuple[str, ...]] = ()
+    lm_head_bias: ClassVar[bool] = True       # own LM heads (share_lm_head false) have a bias
+
+    def num_lm_heads(self, num_heads: int) -> int:
+        """Own LM heads built when the heads do not share the base's: one per head."""
+        return num_heads
+
+    def taps(self, base_config) -> tuple[int, ...]:
+        """The base states (models/engine/taps.py) the heads read beside the final hidden state: none."""
+        return ()
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
         # each block its own module: never `[ResBlock(h)] * L`, which shares one
@@ -195,6 +206,9 @@ class AutoregressiveFamily(HeadFamily):
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
         return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
 
+    def num_lm_heads(self, num_heads: int) -> int:
+        return 1                                  # every depth is the same module, read by the same LM head
+
     def build_extra(self, heads, base_model) -> None:
         if getattr(heads, self.attribute, None) is None:
             setattr(heads, self.attribute, self.make_module(heads, base_model).train(heads.training))
@@ -229,3 +243,19 @@ class DraftModelFamily(AutoregressiveFamily):
 
     def make_module(self, heads, base_model) -> nn.Module:
         return DraftModel.from_base(base_model, num_layers=heads.config.num_layers)
+
+
+@register_family
+class Eagle3(AutoregressiveFamily):
+    """EAGLE-3 (models/heads/eagle3.py): one layer over the base's fused taps and the next token, its own final norm
+    and LM head (no bias) over the draft vocabulary; trained by unrolling it over its own predictions."""
+    name = "eagle3"
+    recipes = ("eagle3",)
+    attribute = "eagle3"
+    lm_head_bias = False
+
+    def make_module(self, heads, base_model) -> nn.Module:
+        return Eagle3Module.from_base(base_model)
+
+    def taps(self, base_config) -> tuple[int, ...]:
+        return eagle3_taps(base_config.num_hidden_layers)

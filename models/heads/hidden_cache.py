@@ -27,6 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from models.engine.taps import final_and_taps
+
 LAYOUT = "length-sorted-v2"   # part of the key: shards of another layout are never read
 
 
@@ -46,16 +48,19 @@ def sequences_fingerprint(sequences: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def cache_key(model, sequences: list[list[int]], dtype: torch.dtype = torch.float32) -> str:
-    """16 hex digits naming the cache of `sequences` (already cut to max_length) under `model`."""
+def cache_key(model, sequences: list[list[int]], dtype: torch.dtype = torch.float32, taps: tuple[int, ...] = ()) -> str:
+    """16 hex digits naming the cache of `sequences` (already cut to max_length) under `model` (with these taps)."""
     text = f"{model_fingerprint(model)}:{sequences_fingerprint(sequences)}:{dtype}:{LAYOUT}"
+    if taps:                                                  # the final-state-only key is unchanged
+        text += f":taps={list(taps)}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @torch.no_grad()
-def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] right-padded -> [B, T, h]: the decoder's output after the final norm (pads: ignore their rows)."""
-    return model.get_decoder()(input_ids=input_ids).last_hidden_state
+def final_hidden(model, input_ids: torch.Tensor, taps: tuple[int, ...] = ()) -> torch.Tensor:
+    """[B, T] right-padded -> [B, T, h]: the decoder's output after the final norm (pads: ignore their rows); with
+    taps, [B, T, h * (1 + len(taps))]: that state, then the taps (models/engine/taps.py)."""
+    return final_and_taps(model.get_decoder(), input_ids, taps)
 
 
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -93,8 +98,10 @@ class HiddenCache:
 
     @classmethod
     def build(cls, model, sequences: list[list[int]], folder: str | Path, batch_tokens: int = 4096,
-              shard_size: int = 256, dtype: torch.dtype = torch.float32, desc: str = "hidden cache") -> "HiddenCache":
-        """Compute the missing shards, then load all of them into one tensor (the sequences in their own order)."""
+              shard_size: int = 256, dtype: torch.dtype = torch.float32, desc: str = "hidden cache",
+              taps: tuple[int, ...] = ()) -> "HiddenCache":
+        """Compute the missing shards, then load all of them into one tensor (the sequences in their own order).
+        taps: each row also holds these base states after the final one (EAGLE-3: 4h floats a token)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         device = next(model.parameters()).device
@@ -114,7 +121,7 @@ class HiddenCache:
                     ids = torch.full((len(idx), width), pad, dtype=torch.long)        # [B, T] right-padded
                     for row, i in enumerate(idx):
                         ids[row, :len(chunk[i])] = torch.tensor(chunk[i])
-                    hidden = final_hidden(model, ids.to(device))                       # [B, T, h]
+                    hidden = final_hidden(model, ids.to(device), taps)                 # [B, T, h (+ taps)]
                     out += [hidden[row, :len(chunk[i])].to("cpu", dtype) for row, i in enumerate(idx)]
                     bar.update(sum(len(chunk[i]) for i in idx))
                 tmp = path(s).with_suffix(f".{os.getpid()}.tmp")           # DDP ranks may race: own tmp each

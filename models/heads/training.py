@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from models.engine.taps import final_and_taps
 from models.hardware import cpu_has_fast_bf16
 
 IGNORE_INDEX = -100
@@ -207,11 +208,12 @@ class HeadsModule(pl.LightningModule):
 
     # -- forward pieces ------------------------------------------------------------------------
     def base_hidden(self, batch) -> torch.Tensor:
-        """[B, T, h] of the frozen base: from the cache when the batch carries it (right padding: no mask needed)."""
+        """[B, T, h] of the frozen base: from the cache when the batch carries it (right padding: no mask needed);
+        [B, T, h * (1 + n)] when the family reads n taps (models/engine/taps.py): the final state, then the taps."""
         if "hidden" in batch:
             return batch["hidden"]
-        with torch.no_grad():
-            return self.base.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state
+        taps = self.heads.family.taps(self.base.config)
+        return final_and_taps(self.base.get_decoder(), batch["input_ids"], taps)
 
     @property
     def uses_path(self) -> bool:

@@ -63,6 +63,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from models.engine.taps import final_and_taps
+
 Path = tuple[int, ...]
 
 
@@ -100,12 +102,15 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     if not 0 <= start <= T - 2:
         raise ValueError(f"start={start} must leave at least one target in a sequence of {T} tokens")
     pos = torch.arange(T, device=device)[None]
-    hidden = model.get_decoder()(input_ids=ids[None], position_ids=pos).last_hidden_state   # [1, T, h]
+    module = heads.family.draft_module(heads)
+    taps = module.taps if module is not None else ()
+    both = final_and_taps(model.get_decoder(), ids[None], taps, position_ids=pos)             # [1, T, h (+ taps)]
+    h = model.config.hidden_size
+    hidden, features = both[..., :h], both[..., h:] if taps else both[..., :h]
     greedy = torch.full((T,), -1, dtype=torch.long, device=device)                            # [T]: g_{s+1}, s >= start
     greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
     # EAGLE: depth d at t is the draft d steps along the true path ([1, T-1, h] per depth)
-    module = heads.family.draft_module(heads)
-    drafts = module.unroll(hidden, ids[None], D) if module is not None else None
+    drafts = module.unroll(features, ids[None], D) if module is not None else None
     hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]
@@ -119,7 +124,7 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             tt = t[rows]                                            # [n]
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
             logits = (heads.draft_logits(d - 1, hidden[tt], path) if drafts is None   # [n, Vd]: the draft
-                      else heads.lm_head(0, drafts[d - 1][0, tt]))                      # vocabulary only
+                      else heads.lm_head(0, module.readout(drafts[d - 1][0, tt])))      # vocabulary only
             top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))

@@ -10,7 +10,10 @@ A drafter (StepDrafter) is driven by the decode step (models/engine/decoding.py)
     advance(hidden, tokens, position)   the accepted path's base hidden states [m, h] and tokens (root first),
                                         now at positions position .. position + m - 1
     rewind(position)                    forget every position from `position` on (timing, tests)
-Everything a caller may want from a step comes back in the Draft; nothing is set on a drafter from outside.
+The hidden states are the base's final ones [.., h], or, when the drafter has a non-empty `taps` attribute
+(EAGLE-3), the base states it names, side by side [.., len(taps) * h] (models/engine/taps.py), taken during the
+same forwards. Everything a caller may want from a step comes back in the Draft; nothing is set on a drafter from
+outside.
 A new drafter is one module: a class with those four methods and a builder registered with
 @register_drafter("kind"), imported in models/engine/drafters/__init__.py.
 """

@@ -6,6 +6,10 @@ predicted features, one batched forward per depth. TreeDrafter (tree.py) drives 
     drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)         # a bare EagleModule: full vocabulary
     res = generate(model, tok, ids, drafter=drafter)
 
+The features are the base's final hidden states, or for EAGLE-3 the taps its module names (eagle.taps): the
+decode step hands the drafter those in place of the final states (DraftContext.hidden, advance's hidden), and the
+first depth's fc fuses them; deeper depths read the layer's own outputs, the LM head its readout (final norm).
+
 State after start/advance, with P positions accepted (the base cache holds 0..P-1, the root x_P is next): the
 draft cache holds the pairs (f_t, x_{t+1}) of t = 0..P-2, i.e. P-1 rows, all of them accepted, and `feature`
 is f_{P-1}, the base's hidden state of the last accepted position. advance() appends the pairs the accepted
@@ -46,6 +50,7 @@ class EagleProposer:
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
         self.eagle = heads.family.draft_module(heads) if heads is not None else eagle    # any AutoregressiveDraft
+        self.taps = self.eagle.taps            # EAGLE-3: the decode step hands it these base states, not the final
         self.want_probs = want_probs
         if heads is not None:
             linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
@@ -137,7 +142,7 @@ class EagleProposer:
             if pred is None:
                 pred = out.new_empty(buf.num_tokens, out.shape[-1])
             pred[nodes] = out                                                            # [R, h]
-            self.propose(self.logits(out.to(self.head_dtype)), level, buf, tokens, probs, q_of)   # [R, Vd]
+            self.propose(self.logits(self.eagle.readout(out).to(self.head_dtype)), level, buf, tokens, probs, q_of)
 
     def propose(self, logits: torch.Tensor, level, buf: TreeBuffers, tokens: torch.Tensor,
                 probs: torch.Tensor | None, q_of: dict | None) -> None:

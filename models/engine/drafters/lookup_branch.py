@@ -77,6 +77,7 @@ class LookupBranchDrafter:
         self.stats: dict[int, list[float]] = {}                             # n-gram length -> [right, tried]
         self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)
         self._accepted: list[int] = []                                      # last step's accepted drafts
+        self.taps = self.tree.taps                                          # what the heads' proposer reads
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, ctx: DraftContext) -> None:

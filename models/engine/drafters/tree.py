@@ -40,6 +40,7 @@ class TreeDrafter:
         self.buf = TreeBuffers.build(spec)
         self.step_cost = checked_step_costs(step_cost)
         self.proposer = proposer or proposer_for(heads, want_probs or self.step_cost is not None)
+        self.taps = getattr(self.proposer, "taps", ())     # base states the proposer reads (EAGLE-3), else none
         self.cutting = False
 
     def start(self, ctx: DraftContext) -> None:

@@ -1,0 +1,69 @@
+"""Hidden states from inside the base model, taken during a forward the decoder runs anyway (EAGLE-3's features).
+
+    taps = eagle3_taps(model.config.num_hidden_layers)          # (2, L // 2, L - 3): transformers' hidden_states indices
+    with LayerTaps(model.get_decoder(), taps) as tapped:
+        out = model.get_decoder()(input_ids=ids, ...)             # any forward: prefill, verify, a training batch
+    features = tapped.features()                                  # [B, T, len(taps) * h], taps in the order given
+
+Tap i is transformers' `hidden_states[i]` (output_hidden_states=True): the input of decoder layer i, i.e. the
+output of layer i - 1 (0: the embeddings). A forward hook on layer i - 1 records it, so the forward is not run a
+second time and the other layers' states are never kept. With no taps the context does nothing.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def eagle3_taps(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's three taps for a base of `num_layers` decoder layers: low, middle and high (2, L // 2, L - 3), as the
+    authors' code and vLLM's and SGLang's loaders take them; a base of fewer than 5 layers (tests' tiny models)
+    gets them clamped to its layer outputs 1..L."""
+    if num_layers < 1:
+        raise ValueError(f"a base of {num_layers} decoder layers has no hidden states to tap")
+    return tuple(min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+
+
+class LayerTaps:
+    """Records transformers' hidden_states[i] for each i in `taps` during the forwards run inside the context."""
+
+    def __init__(self, decoder, taps: tuple[int, ...] | list[int]):
+        self.decoder, self.taps = decoder, tuple(int(i) for i in taps)
+        n = len(decoder.layers)
+        bad = [i for i in self.taps if not 1 <= i <= n]
+        if bad:
+            raise ValueError(f"taps {bad} are not layer outputs of a {n}-layer decoder (1 to {n})")
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = []
+
+    def __enter__(self) -> "LayerTaps":
+        for i in self.taps:
+            self.handles.append(self.decoder.layers[i - 1].register_forward_hook(self._keep(i)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _keep(self, i: int):
+        def hook(module, args, output):
+            self.outputs[i] = output[0] if isinstance(output, tuple) else output      # [B, T, h]
+        return hook
+
+    def features(self) -> torch.Tensor | None:
+        """The last forward's taps side by side: [B, T, len(taps) * h] (None without taps)."""
+        if not self.taps:
+            return None
+        missing = [i for i in self.taps if i not in self.outputs]
+        if missing:
+            raise RuntimeError(f"no forward ran through the layers of taps {missing} inside the context")
+        return torch.cat([self.outputs[i] for i in self.taps], dim=-1)
+
+
+@torch.no_grad()
+def final_and_taps(decoder, input_ids: torch.Tensor, taps: tuple[int, ...] = (), **kwargs) -> torch.Tensor:
+    """One forward of `decoder` over input_ids [B, T] -> [B, T, h * (1 + len(taps))]: the final hidden state (after the
+    final norm) followed by the taps (right padding: ignore the pads' rows)."""
+    with LayerTaps(decoder, taps) as tapped:
+        final = decoder(input_ids=input_ids, **kwargs).last_hidden_state
+    return final if not taps else torch.cat([final, tapped.features().to(final.dtype)], dim=-1)
