@@ -69,7 +69,8 @@ def selection(cfg: DictConfig) -> Selection:
         return Selection("all", "all", "evaluate", list(cfg.profile.eval.families), list(cfg.profile.eval.trees))
     tag = f"{cfg.heads.name}-{cfg.tree.name}"
     heads = [] if cfg.heads.get("family") == "none" else [cfg.heads.name]
-    return Selection("selected", tag, f"evaluate_{tag}", heads, [None])
+    also = [str(t) for t in cfg.eval.get("selected_trees") or [] if str(t) != cfg.tree.name]
+    return Selection("selected", tag, f"evaluate_{tag}", heads, [None, *dict.fromkeys(also)])
 
 
 def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict:

@@ -255,6 +255,19 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
     assert not (tmp_path / "results" / "eval" / "all").exists()
 
 
+def test_selected_trees_join_a_selected_run_under_its_tag():
+    """eval.selected_trees: the selected heads also run on those trees in the same run (its own tree not twice)."""
+    from pipelines.methods import selection
+
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["heads=hydra", "tree=optimal_pld",
+                                                       "eval.selected_trees=[optimal,optimal_pld,chain4]"])
+    sel = selection(cfg)
+    assert (sel.mode, sel.tag, sel.heads, sel.trees) == ("selected", "hydra-optimal_pld", ["hydra"],
+                                                        [None, "optimal", "chain4"])
+    assert list(cfg.eval.selected_runs) == ["hydra-optimal_pld"]
+
+
 def test_broken_method_fails_losslessness_naming_question_turn_position(stage_cfg, tmp_path, monkeypatch):
     import pipelines.evaluate as ev
 
