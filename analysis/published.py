@@ -3,8 +3,12 @@
     from analysis.published import PUBLISHED, published_cells
     published_cells(table="hydra", model="Vicuna-7B")   # -> [PublishedCell(...), ...]
 
-Method keys match ours: medusa1, medusa2, hydra, hydra_pp, pld, eagle, eagle2, lookahead.
-In the Hydra paper the "Medusa" column is Medusa-1-style heads on the frozen base (key medusa1).
+Method keys match ours: medusa1, medusa2, hydra, hydra_pp, pld, eagle, eagle2, eagle3, sps, lookahead, rest.
+In the Hydra paper, on Spec-Bench and in the EAGLE-3 paper the "Medusa" column is Medusa-1-style heads on the
+frozen base (key medusa1); sps is speculative sampling with a small draft model (Spec-Bench's 68M one).
+
+Tables: medusa, hydra, specbench (the earlier Spec-Bench leaderboard, in the Hydra table), specbench_2025 (the
+leaderboard at commit fd2c1cd) and eagle3 (the EAGLE-3 paper), the last two in the EAGLE table.
 """
 from __future__ import annotations
 
@@ -13,15 +17,19 @@ from dataclasses import asdict, dataclass
 MEDUSA_SOURCE = "Medusa paper/repo (Cai et al., ICML 2024)"
 HYDRA_SOURCE = "Hydra paper (Ankner et al., COLM 2024)"
 SPECBENCH_SOURCE = "Spec-Bench (Xia et al.)"
-# The sources name the A100 for Medusa and Spec-Bench; the Hydra paper names no device for its table.
-A100, HYDRA_HW = "A100", "GPU"
+SPECBENCH_2025_SOURCE = "Spec-Bench leaderboard, commit fd2c1cd, April 2025 (Xia et al.)"
+EAGLE3_SOURCE = "EAGLE-3 paper (Li et al., arXiv 2503.01840)"
+# The sources name the A100 for Medusa and Spec-Bench; the Hydra and EAGLE-3 papers' figures come with no device.
+A100, HYDRA_HW, EAGLE3_HW = "A100", "GPU", "GPU"
+# What each table's cells are labelled with beside the model and hardware (else "paper").
+SOURCE_TAGS = {"specbench": "Spec-Bench", "specbench_2025": "Spec-Bench fd2c1cd"}
 
 
 @dataclass(frozen=True)
 class PublishedCell:
-    table: str          # medusa | hydra | specbench
+    table: str          # medusa | hydra | specbench | specbench_2025 | eagle3
     model: str          # base model, e.g. Vicuna-7B
-    method: str         # medusa1 | medusa2 | hydra | hydra_pp | pld | ...
+    method: str         # medusa1 | medusa2 | hydra | hydra_pp | pld | eagle | eagle2 | eagle3 | sps | ...
     metric: str         # speedup | accept_length
     value: float
     hardware: str
@@ -30,7 +38,7 @@ class PublishedCell:
     @property
     def label(self) -> str:
         """Where the number came from, as printed beside it: "Vicuna-7B, A100 (paper)"."""
-        return f"{self.model}, {self.hardware} ({'Spec-Bench' if self.table == 'specbench' else 'paper'})"
+        return f"{self.model}, {self.hardware} ({SOURCE_TAGS.get(self.table, 'paper')})"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "label": self.label}
@@ -65,6 +73,18 @@ PUBLISHED: list[PublishedCell] = [
     *_cells("specbench", SPECBENCH_SOURCE, A100, {
         "Vicuna-7B": {"eagle2": (2.84, 4.34), "eagle": (2.45, 3.58), "hydra": (2.43, 3.26),
                       "medusa1": (1.97, 2.31), "pld": (1.60, 1.75), "lookahead": (1.47, 1.64)},
+    }),
+    # Spec-Bench leaderboard at commit fd2c1cd (A100 80 GB, greedy): speedup / mean accepted tokens. Same accepted
+    # lengths as the earlier version above, lower speedups; SpS drafts with a 68M model.
+    *_cells("specbench_2025", SPECBENCH_2025_SOURCE, A100, {
+        "Vicuna-7B": {"eagle2": (2.36, 4.34), "eagle": (2.10, 3.58), "hydra": (2.07, 3.26), "medusa1": (1.71, 2.31),
+                      "sps": (1.52, 2.28), "pld": (1.66, 1.75), "rest": (1.48, 1.82), "lookahead": (1.34, 1.64)},
+        "Vicuna-13B": {"eagle3": (3.02, 5.71), "eagle2": (2.46, 4.43)},
+    }),
+    # EAGLE-3 paper, greedy: speedup / mean accepted tokens (its "Medusa" is Medusa-1).
+    *_cells("eagle3", EAGLE3_SOURCE, EAGLE3_HW, {
+        "Vicuna-13B": {"eagle3": (5.58, 6.65), "eagle2": (4.26, 4.83), "eagle": (3.07, 3.98), "medusa1": (2.07, 2.59)},
+        "LLaMA-3.1-8B": {"eagle3": (4.40, 6.13)},
     }),
 ]
 

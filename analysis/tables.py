@@ -3,7 +3,8 @@
     python -m pipelines.tables            (the stage; this module is the library)
 
     summary = load_summary("results/eval/all/summary.json")
-    tables = build_tables(summary, calibrations=load_calibrations("results/calibrate"))
+    tables = build_tables(summary, calibrations=load_calibrations("results/calibrate"),
+                          single_runs=single_runs(Path("reports/metrics")))    # analysis.readme.single_runs
     text = to_markdown(tables["hydra"]);  tex = to_latex(tables["hydra"])
 
 Input: the summary written by `pipelines.evaluate` (results/eval/<tag>/summary.json):
@@ -36,6 +37,13 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
 MEDUSA_COLUMNS = (("medusa1", "Medusa-1"), ("medusa2", "Medusa-2"))
 HYDRA_COLUMNS = (("medusa1", "Medusa"), ("hydra", "Hydra"), ("hydra_pp", "Hydra++"), ("pld", "PLD"),
                  ("pld_hf", "PLD (transformers)"))
+EAGLE_COLUMNS = (("eagle", "EAGLE"), ("eagle2", "EAGLE-2"), ("eagle3", "EAGLE-3"), ("sps", "SpS"), ("hydra", "Hydra"),
+                 ("medusa1", "Medusa-1"), ("pld", "PLD"))
+EAGLE_PUBLISHED = ("specbench_2025", "eagle3")        # analysis/published.py tables, in the order shown
+EAGLE_FAMILIES = ("eagle", "eagle3", "sps")            # a run of one method is shown when it ran one of these
+# our rows: the calibrated tree alone and with prompt lookup merged in; EAGLE-2 (ours) is the EAGLE heads on the
+# tree cut per step by cost that starts from the same tree (conf/tree/dynamic.yaml, dynamic_pld.yaml)
+EAGLE2_TREES = {"optimal": "dynamic", "optimal_pld": "dynamic_pld"}
 PLD_KINDS = ("pld", "pld_hf")
 
 
@@ -190,6 +198,78 @@ def hydra_table(summary: dict) -> Table:
     return t
 
 
+def _pair(speedup, accept) -> str:
+    """"1.54x / 2.07" from a run of one method's plain figures (reports/metrics/evaluate_<tag>.json)."""
+    return "-" if speedup is None else f"{speedup:.2f}x / " + ("-" if accept is None else f"{accept:.2f}")
+
+
+def eagle2_method(summary: dict, tree: str) -> dict | None:
+    """Ours for EAGLE-2: the EAGLE heads on a tree cut per step by cost, with prompt lookup merged in or not as
+    `tree` is (EAGLE2_TREES names the trees; any other cut tree of the same kind counts too)."""
+    named = find_method(summary, "eagle", EAGLE2_TREES[tree])
+    if named is not None:
+        return named
+    lookup = tree.endswith("_pld")
+    return next((m for m in summary["methods"].values() if m["kind"] == "heads" and m.get("heads") == "eagle"
+                 and m.get("cut_by_cost") and bool(m.get("lookup_branch")) == lookup), None)
+
+
+def eagle_table(summary: dict, single_runs: dict[str, dict] | None = None) -> Table:
+    """EAGLE, EAGLE-2, EAGLE-3 and the draft model beside Hydra, Medusa-1 and prompt lookup: Spec-Bench's leaderboard
+    (commit fd2c1cd) and the EAGLE-3 paper, then ours from the main run and from the runs of one method each
+    (single_runs: {tag: reports/metrics/evaluate_<tag>.json}), on the calibrated tree alone and with prompt
+    lookup merged in."""
+    t = Table("eagle", "EAGLE and draft models: speedup / mean accepted tokens per step on MT-Bench (greedy, batch 1)",
+              ["Base model", "Measured on", *[c for _, c in EAGLE_COLUMNS]])
+    for table in EAGLE_PUBLISHED:
+        for model in published_models(table):
+            cells = []
+            for method, _ in EAGLE_COLUMNS:
+                sp = published_value(table, model, method, "speedup")
+                al = published_value(table, model, method, "accept_length")
+                cells.append("-" if sp is None else f"{fmt_speedup(sp.value, True)} / {fmt_length(al.value if al else None, True)}")
+            where = next(c for c in [published_value(table, model, m) for m, _ in EAGLE_COLUMNS] if c is not None)
+            t.rows.append([model, where.label, *cells])
+    heads_columns = [m for m, _ in EAGLE_COLUMNS if m not in PLD_KINDS]
+    shown = []
+    for tree in EAGLE2_TREES:                          # the main run
+        ms = {m: eagle2_method(summary, tree) if m == "eagle2" else find_method(summary, m, tree) for m, _ in EAGLE_COLUMNS}
+        if not any(ms[m] for m in heads_columns):
+            continue
+        shown += [m for m in ms.values() if m]
+        t.rows.append([summary["model"], ours_label(summary, tree),
+                       *["-" if m is None else f"{fmt_speedup(m['speedup'])} / {fmt_length(m['accept_length'])}"
+                         for m in ms.values()]])
+    runs = []
+    for tag, run in sorted((single_runs or {}).items()):      # the runs of one method each
+        methods = run.get("methods") or {}
+        for tree, cut in EAGLE2_TREES.items():
+            names = {m: ("pld" if m in PLD_KINDS else f"eagle-{cut}" if m == "eagle2" else f"{m}-{tree}")
+                     for m, _ in EAGLE_COLUMNS}
+            if not any(names[f] in methods for f in (*EAGLE_FAMILIES, "eagle2")):
+                continue
+            runs.append(tag)
+            t.rows.append([summary["model"], f"{summary['model']}, {summary['hardware']} (ours, run {tag}, tree {tree})",
+                           *[_pair(methods[n].get("speedup"), methods[n].get("accept_length")) if n in methods else "-"
+                             for n in names.values()]])
+    t.notes.append("Spec-Bench fd2c1cd: its leaderboard at that commit (A100 80 GB; SpS drafts with a 68M model; the "
+                   "earlier leaderboard's figures are in the Hydra table). EAGLE-3 paper: no device named; its Medusa "
+                   "is Medusa-1. Speedups end to end (prefill included), as published.")
+    t.notes.append("Ours, tree optimal: the calibrated tree of each head family (conf/tree/optimal.yaml); tree "
+                   "optimal_pld: the same with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml). EAGLE-2 "
+                   "(ours): the EAGLE heads on tree=dynamic (dynamic_pld in the optimal_pld rows), the calibrated "
+                   "16-node tree cut at every step to the nodes whose acceptance, by the heads' own probabilities, "
+                   "pays for their verify cost on this machine's latency profile; EAGLE-2 itself grows a new tree "
+                   "every step from the drafter's confidence. SpS (ours): the two-layer draft model of "
+                   "conf/heads/sps.yaml. PLD (ours): prompt lookup in the heads' decoder, tree-independent. "
+                   "-: not run.")
+    if runs:
+        t.notes.append("Rows \"ours, run X\": methods run on their own (reports/metrics/evaluate_X.json), each speedup "
+                       "over the baseline of its own run: compare within a row, not with the main run's rows.")
+    t.notes += subset_notes(summary, shown)
+    return t
+
+
 def tree_nodes(m: dict) -> str:
     """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/dynamic.yaml), "+ lookup" for
     one with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml)."""
@@ -328,8 +408,11 @@ def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None
     return t
 
 
-def build_tables(summary: dict, calibrations: dict[str, dict] | None = None) -> dict[str, Table]:
-    tables = {"medusa": medusa_table(summary), "hydra": hydra_table(summary), "speed": speed_table(summary),
+def build_tables(summary: dict, calibrations: dict[str, dict] | None = None,
+                 single_runs: dict[str, dict] | None = None) -> dict[str, Table]:
+    """single_runs: {tag: reports/metrics/evaluate_<tag>.json} of the runs of one method each (the EAGLE table)."""
+    tables = {"medusa": medusa_table(summary), "hydra": hydra_table(summary),
+              "eagle": eagle_table(summary, single_runs), "speed": speed_table(summary),
               "category": category_table(summary)}
     choice = tree_choice_table(summary, calibrations)
     if choice is not None:

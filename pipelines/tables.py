@@ -4,8 +4,10 @@ The papers' tables with ours beside the published numbers (docs/reference.md#pub
 evaluate summary results/eval/<eval.table_tag>/summary.json (and results/calibrate/*/calibration.json
 when present). Writes to reports/:
 
-  tables.md, tables.tex            Medusa table, Hydra table, speedups (end to end, decode-only, against the
-                                   stronger prompt lookup), per category, tree choice, calibration
+  tables.md, tables.tex            Medusa table, Hydra table, EAGLE and draft-model table (also from
+                                   reports/metrics/evaluate_<tag>.json, the runs of one method each), speedups
+                                   (end to end, decode-only, against the stronger prompt lookup), per category,
+                                   tree choice, calibration
   speedup_per_category.png         bars per category for the methods on eval.plot_tree (+ both PLDs)
   accept_length_histogram.png      tokens emitted per step, per method on eval.plot_tree (+ both PLDs)
   speedup_vs_tree_size.png         speedup (end to end and decode-only) against tree nodes, per heads; PLDs as lines
@@ -33,7 +35,7 @@ from analysis.results import results_markdown
 from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
 
-TABLE_ORDER = ("medusa", "hydra", "speed", "category", "tree_choice", "calibration")
+TABLE_ORDER = ("medusa", "hydra", "eagle", "speed", "category", "tree_choice", "calibration")
 
 
 def settings_line(summary: dict) -> str:
@@ -87,7 +89,8 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     results, reports = Path(cfg.paths.results), Path(cfg.paths.reports)
     summary = load_summary(results / "eval" / cfg.eval.table_tag / "summary.json")
     calibrations = load_calibrations(results / "calibrate")
-    tables = build_tables(summary, calibrations)
+    runs = single_runs(reports / "metrics")
+    tables = build_tables(summary, calibrations, runs)
     header = (f"<!-- written by `python -m pipelines.tables` from results/eval/{cfg.eval.table_tag}/summary.json -->\n"
               f"{settings_line(summary)}\n\n")
     md = header + "\n".join(to_markdown(tables[k]) for k in TABLE_ORDER if k in tables)
@@ -109,7 +112,7 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
-                                                         single_runs=single_runs(reports / "metrics"),
+                                                         single_runs=runs,
                                                          conformance=load_json_if_present(reports / "conformance.json")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from analysis import plots
-from analysis.published import PUBLISHED, published_cells, published_value
+from analysis.published import PUBLISHED, published_cells, published_models, published_value
 from analysis.tables import (build_tables, calibration_rows, latex_escape, load_calibrations, load_summary, to_latex,
                              to_markdown)
 
@@ -51,13 +53,51 @@ def test_published_cells_carry_model_hardware_and_source():
     assert all(c.model and c.hardware and c.source for c in PUBLISHED)
     assert published_value("medusa", "Vicuna-7B", "medusa2").label == "Vicuna-7B, A100 (paper)"
     assert len(published_cells(table="hydra", metric="speedup")) == 9
+    # the leaderboard at fd2c1cd and the EAGLE-3 paper, beside (not instead of) the earlier leaderboard
+    assert published_value("specbench", "Vicuna-7B", "eagle2").value == 2.84
+    assert published_value("specbench_2025", "Vicuna-7B", "eagle2").value == 2.36
+    assert published_value("specbench_2025", "Vicuna-7B", "sps", "accept_length").value == 2.28
+    assert published_value("specbench_2025", "Vicuna-13B", "eagle3").label == "Vicuna-13B, A100 (Spec-Bench fd2c1cd)"
+    assert published_value("eagle3", "LLaMA-3.1-8B", "eagle3", "accept_length").value == 6.13
+    assert published_value("eagle3", "Vicuna-13B", "medusa1").label == "Vicuna-13B, GPU (paper)"
+
+
+def _paragraph(text: str, heading: str) -> str:
+    """The paragraph of docs/reference.md that starts with **heading**, on one line."""
+    return " ".join(text.split("**" + heading + "**", 1)[1].split("\n\n", 1)[0].split())
+
+
+@pytest.mark.parametrize("table, heading, names", [
+    ("specbench_2025", "Spec-Bench leaderboard",
+     {"eagle2": "EAGLE-2", "eagle": "EAGLE", "hydra": "Hydra", "medusa1": "Medusa-1", "sps": "SpS with a 68M draft model",
+      "pld": "prompt lookup", "rest": "REST", "lookahead": "Lookahead", "eagle3": "EAGLE-3"}),
+    ("eagle3", "EAGLE-3 paper", {"eagle2": "EAGLE-2", "eagle": "EAGLE", "medusa1": "Medusa"}),
+])
+def test_published_cells_match_the_reference(table, heading, names):
+    """Every cell of the newer tables is "speedup x / accepted" as docs/reference.md writes it, under its model."""
+    doc = _paragraph((Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text(), heading)
+    models = published_models(table)
+    assert models == (["Vicuna-7B", "Vicuna-13B"] if table == "specbench_2025" else ["Vicuna-13B", "LLaMA-3.1-8B"])
+    for i, model in enumerate(models):
+        part = doc.split(model, 1)[1]
+        part = part.split(models[i + 1], 1)[0] if i + 1 < len(models) else part
+        if table == "specbench_2025":
+            part = part.split("An earlier version", 1)[0]     # the earlier leaderboard is the `specbench` table
+        methods = {c.method for c in published_cells(table, model)}
+        for method in methods:
+            sp = published_value(table, model, method).value
+            al = published_value(table, model, method, "accept_length").value
+            # the family's own figure leads its model's clause (EAGLE-3 paper: "Vicuna-13B 5.58x / 6.65 accepted")
+            name = "" if table == "eagle3" and method == "eagle3" else re.escape(names[method]) + " "
+            assert re.search(rf"(^|[ (,:]){name}{sp:.2f}x / {al:.2f}\b", part), (table, model, method)
+        assert len(re.findall(r"\d\.\d\dx / \d\.\d\d", part)) == len(methods), (table, model)  # none left out
 
 
 def test_tables_put_published_and_ours_side_by_side(summary, tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     tables = build_tables(load_summary(path))
-    assert set(tables) == {"medusa", "hydra", "speed", "category"}          # no calibration data given
+    assert set(tables) == {"medusa", "hydra", "eagle", "speed", "category"}  # no calibration data given
 
     md = to_markdown(tables["medusa"])
     assert "| Vicuna-7B | Vicuna-7B, A100 (paper) | 2.18x | 2.83x |" in md
@@ -75,6 +115,45 @@ def test_tables_put_published_and_ours_side_by_side(summary, tmp_path):
     assert r"\begin{tabular}" in tex and r"Hydra{+}{+}" in tex and r"$\pm$" in tex
     assert "Vicuna-13B & Vicuna-13B, GPU (paper) & 1.97x / 2.60" in tex
     assert latex_escape("hydra_pp 5%") == r"hydra\_pp 5\%"
+
+
+def test_eagle_table_puts_the_papers_eagle_family_beside_ours(summary):
+    """Spec-Bench (fd2c1cd) and the EAGLE-3 paper, then ours: the main run on the calibrated trees (EAGLE-2 = the EAGLE
+    heads on the tree cut per step by cost) and the runs of one method each; "-" where a method was not run."""
+    ms = summary["methods"]
+    ms["eagle-optimal"] = method("heads", "eagle", "optimal", 4, speedup=1.7, accept=2.2)
+    ms["eagle-dynamic"] = {**method("heads", "eagle", "dynamic", 16, speedup=1.8, accept=2.4), "cut_by_cost": True}
+    ms["hydra-optimal"] = method("heads", "hydra", "optimal", 4, speedup=1.5, accept=1.9)
+    ms["medusa1-optimal_pld"] = {**method("heads", "medusa1", "optimal_pld", 4, speedup=1.45, accept=1.8),
+                                 "lookup_branch": True}
+    runs = {"eagle3-optimal_pld": {"tag": "eagle3-optimal_pld", "methods": {
+                "eagle3-optimal_pld": {"speedup": 2.05, "accept_length": 3.1, "questions": 2},
+                "eagle3-optimal": {"speedup": 1.9, "accept_length": 2.9, "questions": 2},
+                "pld": {"speedup": 1.2, "accept_length": 1.4}, "pld_hf": {"speedup": 1.1, "accept_length": 1.5}}},
+            "medusa2-optimal": {"tag": "medusa2-optimal", "methods": {"medusa2-optimal": {"speedup": 1.3}}}}
+    table = build_tables(summary, single_runs=runs)["eagle"]
+    md = to_markdown(table)
+    assert "| Base model | Measured on | EAGLE | EAGLE-2 | EAGLE-3 | SpS | Hydra | Medusa-1 | PLD |" in md
+    assert ("| Vicuna-7B | Vicuna-7B, A100 (Spec-Bench fd2c1cd) | 2.10x / 3.58 | 2.36x / 4.34 | - | 1.52x / 2.28 "
+            "| 2.07x / 3.26 | 1.71x / 2.31 | 1.66x / 1.75 |") in md
+    assert "| Vicuna-13B | Vicuna-13B, A100 (Spec-Bench fd2c1cd) | - | 2.46x / 4.43 | 3.02x / 5.71 | - | - | - | - |" in md
+    assert ("| Vicuna-13B | Vicuna-13B, GPU (paper) | 3.07x / 3.98 | 4.26x / 4.83 | 5.58x / 6.65 | - | - | 2.07x / 2.59 "
+            "| - |") in md
+    assert "| LLaMA-3.1-8B | LLaMA-3.1-8B, GPU (paper) | - | - | 4.40x / 6.13 | - | - | - | - |" in md
+    ours = "| SmolLM2-135M-Instruct | SmolLM2-135M-Instruct, 2-core CPU (x86_64) (ours, "
+    assert (ours + "tree optimal) | 1.70x ± 0.05 / 2.20 | 1.80x ± 0.05 / 2.40 | - | - | 1.50x ± 0.05 / 1.90 | - "
+            "| 1.10x ± 0.05 / 1.20 |") in md                    # no eagle3, sps or medusa1 on optimal here
+    assert ours + "tree optimal_pld) | - | - | - | - | - | 1.45x ± 0.05 / 1.80 | 1.10x ± 0.05 / 1.20 |" in md
+    assert ours + "run eagle3-optimal_pld, tree optimal) | - | - | 1.90x / 2.90 | - | - | - | 1.20x / 1.40 |" in md
+    assert ours + "run eagle3-optimal_pld, tree optimal_pld) | - | - | 2.05x / 3.10 | - | - | - | 1.20x / 1.40 |" in md
+    assert "run medusa2-optimal" not in md and "Vicuna-7B, A100 (Spec-Bench) |" not in md   # not its families; old board
+    assert "EAGLE-2 (ours): the EAGLE heads on tree=dynamic" in md
+    assert len(table.rows) == 8
+    tex = to_latex(table)
+    assert r"\label{tab:eagle}" in tex and "EAGLE-3 & SpS" in tex and r"run eagle3-optimal\_pld" in tex
+    # nothing of ours: only the published rows
+    bare = build_tables({**summary, "methods": {k: v for k, v in ms.items() if v["kind"] != "heads"}})["eagle"]
+    assert len(bare.rows) == 4 and "ours" not in "".join(r[1] for r in bare.rows)
 
 
 def test_speed_table_shows_both_speedups_against_the_stronger_prompt_lookup(summary):
