@@ -110,6 +110,25 @@ def test_claims_are_judged_by_paired_intervals():
     assert c["ratio"] == pytest.approx(1.2, abs=0.02) and c["wins"] >= 14
 
 
+def test_eagle_claims_are_judged_on_eagle3s_own_run():
+    """EAGLE-3's run of its own (eagle3-optimal_pld with eagle3-optimal): alone against that run's stronger prompt
+    lookup, paired within the run; its accepted length against the main run's Medusa-1 on the same questions."""
+    summary, rng = _summary(), random.Random(7)
+    base = [rng.uniform(2.0, 3.0) for _ in range(16)]
+    methods = {}
+    for name, (f, accept, kind) in {"eagle3-optimal": (0.9, 3, "heads"), "pld": (1.2, 1, "pld"),
+                                    "pld_hf": (1.0, 1, "pld_hf")}.items():
+        recs = _records(name, [t / (f * rng.uniform(0.98, 1.02)) for t in base], accept=accept)
+        methods[name] = {"kind": kind, **summarize_method([recs], [_records("baseline", base)])}
+    run = {"tag": "eagle3-optimal_pld", "methods": methods}
+    rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"eagle3-optimal_pld": run})}
+    pld = rows["EAGLE beats prompt lookup"]
+    assert pld["verdict"] == "reversed" and "eagle3-optimal / pld" in pld["ours"] and "accepted length 3.00x" in pld["reason"]
+    acc = rows["EAGLE-3 accepts more than Medusa"]
+    assert acc["verdict"] == "reproduced" and "3.00x" in acc["ours"]       # 3 tokens a step against Medusa-1's 1
+    assert "EAGLE beats prompt lookup" not in {r["claim"] for r in claim_rows(summary)}   # no run, no row
+
+
 def test_results_document_has_every_section():
     summary = _summary()
     train = {"medusa2": {"val_top1_head0_by_epoch": {"stage1": [0.30, 0.33], "stage2": [0.34]}, "recipe": {},
