@@ -2,7 +2,8 @@
 
 Trained heads in another tool's format, or another tool's heads in ours (models/heads/formats.py):
 
-  heads=X export.format=medusa|vllm|hydra|eagle  results/heads/X -> results/export/X-<format>/ (or export.dir=...)
+  heads=X export.format=medusa|vllm|hydra|eagle|eagle3
+                                                 results/heads/X -> results/export/X-<format>/ (or export.dir=...)
   export.format=F export.import_from=FOLDER      FOLDER in format F -> a heads folder of ours: heads_dir=... or
                                                  results/heads/imported-F; then e.g.
                                                  python -m pipelines.generate heads_dir=results/heads/imported-F ...

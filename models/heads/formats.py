@@ -13,6 +13,9 @@
   hydra_num_layers, hydra_head_arch mlp | prefix-mlp, grounded_heads).
 - eagle: the authors' EAGLE-1 code (models/heads/eagle_format.py): `pytorch_model.bin` (fc, layers.0, embed_tokens)
   and `config.json` (the base's, one layer).
+- eagle3: vLLM's and SGLang's EAGLE-3 loaders (models/heads/eagle3_format.py): `model.safetensors` (fc, midlayer.*,
+  norm, lm_head over the draft vocabulary, d2t, t2d) and `config.json` (LlamaForCausalLMEagle3, one layer,
+  draft_vocab_size, the tapped layers in each loader's convention).
 
 What a format cannot hold is refused with the reason, never written approximately; what it holds differently is
 listed in the report's notes. The authors' loaders read with strict=False, so a file here has every key they build.
@@ -27,10 +30,13 @@ from safetensors.torch import save_file
 
 from models.base import model_name
 from models.heads import DraftHeads, HeadsConfig, check_compatible
+from models.heads.eagle3_format import read_eagle3, write_eagle3
 from models.heads.eagle_format import read_eagle, write_eagle
 
-FORMATS = ("medusa", "vllm", "hydra", "eagle")
-FAMILIES_OF = {"medusa": ("medusa",), "vllm": ("medusa",), "hydra": ("hydra", "hydra_pp"), "eagle": ("eagle",)}
+FORMATS = ("medusa", "vllm", "hydra", "eagle", "eagle3")
+FAMILIES_OF = {"medusa": ("medusa",), "vllm": ("medusa",), "hydra": ("hydra", "hydra_pp"), "eagle": ("eagle",),
+               "eagle3": ("eagle3",)}
+WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3}     # formats with a module of their own
 OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never score: their softmax weight is 0
 
 
@@ -167,8 +173,8 @@ def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, ha
     folder.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     cfg = heads.config
-    if fmt == "eagle":
-        files, notes = write_eagle(heads, base_model, folder)
+    if fmt in WRITERS:
+        files, notes = WRITERS[fmt](heads, base_model, folder)
         return {"format": fmt, "files": files, "notes": notes}
     if fmt == "medusa":
         state = _medusa_state(heads, base_model.get_output_embeddings(), notes)
@@ -314,7 +320,8 @@ def import_hydra(folder: str | Path, base_model) -> DraftHeads:
     return _load(config, base_model, ours, state, weights)
 
 
-IMPORTERS = {"medusa": import_medusa, "vllm": import_vllm, "hydra": import_hydra, "eagle": read_eagle}
+IMPORTERS = {"medusa": import_medusa, "vllm": import_vllm, "hydra": import_hydra, "eagle": read_eagle,
+             "eagle3": read_eagle3}
 
 
 def import_heads(folder: str | Path, base_model, fmt: str) -> DraftHeads:

@@ -1,0 +1,259 @@
+"""EAGLE-3 heads in the checkpoint layout vLLM's and SGLang's EAGLE-3 loaders read (the authors' layout), and back.
+
+    files, notes = write_eagle3(heads, model, folder)     # config.json + model.safetensors
+    heads = read_eagle3(folder, model)                    # a DraftHeads of family eagle3
+
+`model.safetensors` holds `fc.weight` [h, 3h], `midlayer.*` (the one layer: input_layernorm, hidden_norm,
+self_attn.{q,k,v}_proj [out, 2h], o_proj, post_attention_layernorm, mlp.{gate,up,down}_proj), `norm.weight` (the
+final norm), `lm_head.weight` [Vd, h], `d2t` (int64 [Vd]: target id minus draft index) and `t2d` (bool [V]: the
+draft ids). No `embed_tokens.weight`: both loaders take the target model's embedding when the file has none.
+`config.json` is a one-layer Llama config with architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size` and
+the tapped layers twice, once per loader's convention (see `_tap_fields`). Heads without a draft vocabulary are
+written with Vd = V, `d2t` zeros and `t2d` all true. Only a Llama-like base without biases fits the loaders' layer.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.heads import HeadsConfig, build_heads, check_compatible
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")   # vLLM registers both; SGLang the first
+LLAMA_LIKE = ("llama", "mistral")          # base model types whose decoder layer is the loaders' Llama layer
+DEPTHS = 5                                 # read_eagle3's num_heads: conf/heads/eagle3.yaml (the file has none)
+# our state-dict prefix -> the file's (first match wins: the layer before the module's other names)
+RENAMES = (("eagle3.layers.0.", "midlayer."), ("eagle3.out_norm.", "norm."), ("eagle3.", ""),
+           ("lm_heads.0.", "lm_head."))
+LAYER_WEIGHTS = ("input_layernorm", "hidden_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                 "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+FILE_KEYS = ("fc.weight", *(f"midlayer.{name}.weight" for name in LAYER_WEIGHTS), "norm.weight", "lm_head.weight")
+
+
+def _rename(key: str, pairs) -> str | None:
+    """`key` with its prefix replaced by the first matching pair's other side; None when none matches."""
+    for src, dst in pairs:
+        if key.startswith(src):
+            return dst + key[len(src):]
+    return None
+
+
+def to_file_key(key: str) -> str | None:
+    """A DraftHeads state-dict key of eagle3 heads -> its name in the file (None: not written, e.g. draft_ids)."""
+    return _rename(key, RENAMES)
+
+
+def to_heads_key(key: str) -> str | None:
+    """A file key -> the eagle3 DraftHeads state-dict key it loads into."""
+    back = [(dst, src) for src, dst in RENAMES]
+    return _rename(key, [pair for pair in back if pair[0]] + [pair for pair in back if not pair[0]])   # "" last
+
+
+# -- writing -----------------------------------------------------------------------------------------------------
+def check_base(config) -> None:
+    """The loaders build a Llama decoder layer (SiLU MLP, RMSNorm, full attention): refuse a base they cannot
+    express, naming the value and what is accepted."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in LLAMA_LIKE:
+        raise ValueError(f"base model_type={model_type!r}: vLLM's and SGLang's EAGLE-3 loaders build a Llama "
+                         f"layer; accepted: {', '.join(LLAMA_LIKE)}")
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"base hidden_act={act!r}: the loaders' Llama MLP takes silu only")
+    window = getattr(config, "sliding_window", None)
+    if window is not None:
+        raise ValueError(f"base sliding_window={window}: the exported layer is a full-attention Llama layer; "
+                         "accepted: no sliding window")
+
+
+def _lm_head(heads) -> torch.Tensor:
+    """[Vd, h]: the heads' one LM head (own, or the base's draft-vocabulary rows when shared); no bias allowed."""
+    linear = heads.output_layer(0)
+    bias = getattr(linear, "bias", None)
+    if bias is not None and bool((bias != 0).any()):
+        raise ValueError("the LM head has a non-zero bias; the loaders' EAGLE-3 lm_head has none")
+    return linear.weight.detach()
+
+
+def vocab_maps(draft_ids: torch.Tensor | None, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t int64 [Vd], t2d bool [V]): draft index i is token i + d2t[i]; t2d marks the draft ids. The full
+    vocabulary (None) is Vd = V with d2t zeros and t2d all true."""
+    ids = torch.arange(vocab_size) if draft_ids is None else draft_ids.detach().long().cpu()
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(ids.numel()), t2d
+
+
+def eagle3_state(heads) -> dict[str, torch.Tensor]:
+    """The file's tensors: the module and LM head renamed, d2t and t2d. Any other parameter (a bias, a q/k norm
+    of the base's layer) is refused: the loaders' layer has no place for it."""
+    state = {}
+    for key, value in heads.state_dict().items():
+        name = to_file_key(key)
+        if name is not None:
+            state[name] = value.detach()
+    extra = sorted(set(state) - set(FILE_KEYS))
+    if extra:
+        raise ValueError(f"these heads hold {extra[:4]}, which the loaders' Llama EAGLE-3 layer has no place for "
+                         f"(a base with biases or q/k norms); accepted keys: {', '.join(FILE_KEYS)}")
+    state["lm_head.weight"] = _lm_head(heads)
+    state["d2t"], state["t2d"] = vocab_maps(heads.draft_ids, heads.config.vocab_size)
+    return {k: v.contiguous().cpu() for k, v in state.items()}
+
+
+def _rope(config) -> tuple[float | None, dict | None]:
+    """(rope_theta, rope_scaling or None for plain rotary) of the base: transformers 5 nests both in
+    rope_parameters (rope_scaling is an alias), 4.x keeps them apart."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    theta = params.pop("rope_theta", getattr(config, "rope_theta", None))
+    scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else None
+    return (None if theta is None else float(theta)), scaling
+
+
+def _tap_fields(taps: tuple[int, ...]) -> dict:
+    """The tapped layers as each loader reads them. Ours are transformers hidden_states indices (the input of
+    layer i). vLLM reads a top-level `eagle_aux_hidden_state_layer_ids` in that convention; SGLang reads
+    `eagle_config.eagle_aux_hidden_state_layer_ids` as layer outputs counted from 0 (it adds 1)."""
+    return {"eagle_aux_hidden_state_layer_ids": list(taps),
+            "eagle_config": {"use_aux_hidden_state": True,
+                             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in taps]}}
+
+
+def eagle3_config(heads, base_config, dtype: torch.dtype) -> dict:
+    """config.json: a one-layer Llama config of the base's sizes, the draft vocabulary and the taps."""
+    module = heads.family.draft_module(heads)
+    theta, scaling = _rope(base_config)
+    config = {"architectures": [ARCHITECTURES[0]], "model_type": "llama", "num_hidden_layers": 1,
+              "hidden_size": base_config.hidden_size, "intermediate_size": base_config.intermediate_size,
+              "num_attention_heads": base_config.num_attention_heads,
+              "num_key_value_heads": getattr(base_config, "num_key_value_heads", base_config.num_attention_heads),
+              "hidden_act": "silu", "rms_norm_eps": base_config.rms_norm_eps, "rope_theta": theta,
+              "rope_scaling": scaling, "max_position_embeddings": base_config.max_position_embeddings,
+              "vocab_size": heads.config.vocab_size, "draft_vocab_size": heads.config.out_size,
+              "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+              "norm_before_residual": False,      # vLLM: the residual is the fused feature before hidden_norm
+              "torch_dtype": str(dtype).removeprefix("torch.")}
+    if getattr(base_config, "head_dim", None) is not None:
+        config["head_dim"] = base_config.head_dim
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(base_config, key, None) is not None:
+            config[key] = getattr(base_config, key)
+    return {**config, **_tap_fields(module.taps)}
+
+
+def _notes(heads, taps: tuple[int, ...], num_layers: int, dtype: torch.dtype) -> list[str]:
+    default = (2, num_layers // 2, num_layers - 3)
+    notes = [f"tapped layers {list(taps)} (hidden_states indices) written twice: eagle_aux_hidden_state_layer_ids "
+             f"{list(taps)} for vLLM, eagle_config.eagle_aux_hidden_state_layer_ids {[i - 1 for i in taps]} for "
+             "SGLang, which adds 1" + ("" if taps == default else
+                                       f"; they differ from the loaders' default {list(default)} for this "
+                                       f"{num_layers}-layer base, so a loader that ignores them reads other layers"),
+             "no embed_tokens.weight: vLLM and SGLang take the target model's embedding",
+             f"weights in {str(dtype).removeprefix('torch.')}; the loaders cast them to the serving dtype"]
+    if heads.draft_ids is None:
+        notes.append("no draft vocabulary: written as the full vocabulary (d2t zeros, t2d all true)")
+    if heads.lm_heads is None:
+        notes.append("the shared base LM head's rows are written as lm_head.weight: read back, they are the "
+                     "heads' own LM head")
+    return notes
+
+
+def write_eagle3(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
+    """Write eagle3 `heads` (attached to `base_model`) to `folder`; -> (files written, notes on what differs)."""
+    check_base(base_model.config)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = eagle3_state(heads)
+    config = eagle3_config(heads, base_model.config, state["fc.weight"].dtype)
+    save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    taps = tuple(heads.family.draft_module(heads).taps)
+    notes = _notes(heads, taps, base_model.config.num_hidden_layers, state["fc.weight"].dtype)
+    return [str(folder / WEIGHTS), str(folder / CONFIG)], notes
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+def _check_meta(meta: dict, base_config, taps: tuple[int, ...], where: Path) -> None:
+    """config.json must describe our layer on this base: one layer, norm after the residual, the base's width and
+    our taps (absent taps: the loaders' default, which must then be ours)."""
+    arch = (meta.get("architectures") or [None])[0]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{where}: architectures={meta.get('architectures')}; accepted: {', '.join(ARCHITECTURES)}")
+    theta = _rope(base_config)[0]
+    for key, want in (("num_hidden_layers", 1), ("norm_before_residual", False),
+                      ("target_hidden_size", base_config.hidden_size), ("rms_norm_eps", base_config.rms_norm_eps),
+                      ("rope_theta", theta)):
+        if meta.get(key, want) != want:        # the layer here takes the base's norm eps and rotary base
+            raise ValueError(f"{where}: {key}={meta[key]!r}; eagle3 heads here need {key}={want!r}")
+    L = base_config.num_hidden_layers
+    vllm_ids = meta.get("eagle_aux_hidden_state_layer_ids")
+    sglang_ids = (meta.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    read = {"eagle_aux_hidden_state_layer_ids": vllm_ids,
+            "eagle_config.eagle_aux_hidden_state_layer_ids + 1": None if sglang_ids is None else
+            [i + 1 for i in sglang_ids]}
+    if vllm_ids is None and sglang_ids is None:
+        read = {"the loaders' default (2, L // 2, L - 3)": [2, L // 2, L - 3]}
+    for field, ids in read.items():
+        if ids is not None and tuple(ids) != taps:
+            raise ValueError(f"{where}: {field} = {list(ids)}, but eagle3 heads here read hidden states "
+                             f"{list(taps)} of this {L}-layer base (models/engine/taps.py)")
+
+
+def _draft_ids(state: dict, vocab_size: int, where: Path) -> torch.Tensor | None:
+    """Token ids of the draft vocabulary from d2t (checked against t2d); None for the whole vocabulary in order."""
+    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
+    size = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else vocab_size
+    if d2t is None:
+        if size != vocab_size:
+            raise ValueError(f"{where}: lm_head has {size} rows but there is no d2t to map them to token ids")
+        d2t = torch.zeros(size, dtype=torch.long)
+    ids = d2t.long() + torch.arange(d2t.numel())
+    if d2t.numel() != size or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != size:
+        raise ValueError(f"{where}: d2t does not map the {size} lm_head rows to distinct token ids below {vocab_size}")
+    if t2d is not None and (t2d.numel() != vocab_size or int(t2d.sum()) != size or not bool(t2d[ids].all())):
+        raise ValueError(f"{where}: t2d does not mark exactly the {size} token ids d2t maps to")
+    return None if size == vocab_size and torch.equal(ids, torch.arange(size)) else ids
+
+
+def _check_embedding(state: dict, base_model, where: Path) -> None:
+    """An embed_tokens.weight in the file must be the base's (ours is always the base's, never saved)."""
+    embed = state.pop("embed_tokens.weight", None)
+    base = base_model.get_input_embeddings().weight.detach().cpu()
+    if embed is not None and (embed.shape != base.shape or not torch.equal(embed.to(base.dtype), base)):
+        raise ValueError(f"{where}: embed_tokens.weight is not this base model's embedding "
+                         f"({tuple(embed.shape)} against {tuple(base.shape)})")
+
+
+def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
+    """eagle3 DraftHeads (`num_heads` depths measured) on `base_model` from a folder in this format; every key,
+    shape and config field that does not fit is an error naming it."""
+    check_base(base_model.config)
+    folder = Path(folder)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: an EAGLE-3 folder has {CONFIG} and {WEIGHTS}")
+    meta = json.loads((folder / CONFIG).read_text())
+    state = dict(load_file(str(folder / WEIGHTS)))
+    where = folder / WEIGHTS
+    draft_ids = _draft_ids(state, base_model.config.vocab_size, where)
+    _check_embedding(state, base_model, where)
+    config = HeadsConfig.for_base(base_model, family="eagle3", num_heads=num_heads, num_layers=1,
+                                  share_lm_head=False, draft_vocab_size=None if draft_ids is None else len(draft_ids))
+    check_compatible(config, base_model, source=str(folder))
+    heads = build_heads(config, base_model, draft_ids)
+    _check_meta(meta, base_model.config, tuple(heads.family.draft_module(heads).taps), folder / CONFIG)
+    expected = {to_file_key(k): v for k, v in heads.state_dict().items() if k != "draft_ids"}
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(f"{where} is not an EAGLE-3 layer for this base: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
+    ours = {to_heads_key(k): v.to(expected[k].dtype) for k, v in state.items()}
+    if draft_ids is not None:
+        ours["draft_ids"] = heads.draft_ids
+    heads.load_state_dict(ours, strict=True)
+    return heads.eval()
