@@ -20,7 +20,7 @@ from tests.test_training import loaders, make_module, save_distilled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
-FAMILIES = ("medusa", "hydra", "hydra_pp", "eagle", "draft_model")
+FAMILIES = ("medusa", "hydra", "hydra_pp", "eagle", "eagle3", "draft_model")
 
 
 def cuda_model(dtype=torch.float32, seed=0):
@@ -65,7 +65,7 @@ def test_prompt_lookup_and_a_merged_tree_decode_losslessly_on_the_gpu():
     assert merged.new_tokens == base.new_tokens
 
 
-@pytest.mark.parametrize("family", ["medusa", "eagle", "draft_model"])
+@pytest.mark.parametrize("family", ["medusa", "eagle", "eagle3", "draft_model"])
 @pytest.mark.parametrize("acceptance", ["sampling", "typical"])
 def test_sampling_and_typical_acceptance_run_on_the_gpu_and_repeat_with_a_seed(acceptance, family):
     model, tok = cuda_model()
@@ -107,7 +107,7 @@ def test_each_recipe_fits_on_the_gpu_in_bf16_mixed(kind, tmp_path):
     assert all(torch.isfinite(p).all() for p in heads.parameters())
 
 
-@pytest.mark.parametrize("heads_name", ["hydra_pp", "medusa2", "eagle"])
+@pytest.mark.parametrize("heads_name", ["hydra_pp", "medusa2", "eagle", "eagle3"])
 def test_the_train_stage_runs_with_trainer_gpu(heads_name, compose_cfg, monkeypatch, tmp_path):
     from pipelines.common import apply_selection
     from pipelines.train import run_train

@@ -1,7 +1,8 @@
 """pytest tests/test_sampling_ar.py: speculative sampling stays lossless with the autoregressive drafters.
 
 EAGLE heads (family eagle, a draft vocabulary), a bare EagleModule (kind eagle, the base LM head over the full
-vocabulary) and a small draft model (family draft_model) draft through models/engine/drafters/eagle.py. As in
+vocabulary), EAGLE-3 heads (family eagle3: the base's taps, its own final norm and LM head) and a small draft model
+(family draft_model) draft through models/engine/drafters/eagle.py. As in
 tests/test_sampling.py (its helpers), the first three generated tokens under top_k=3 (27 outcomes), the first
 step drafting and verifying a depth-2 tree, are compared with the exact distribution computed from the base
 model's own logits by a chi-square test, for children drawn from the draft's own q (draft="sample") and for its
@@ -60,6 +61,61 @@ def two_layer_setup():
     return make_setup("llama")
 
 
+def first_tokens_distribution(model, ids) -> dict:
+    """The exact distribution of the first TOKENS new tokens under top_k=TOP_K, from the model's own logits."""
+    expected = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(TOKENS):
+            grown = {}
+            for seq, p in expected.items():
+                vals, idx = torch.topk(model(torch.tensor([ids + list(seq)])).logits[0, -1], TOP_K)
+                grown.update({seq + (t,): p * pt for t, pt in zip(idx.tolist(), vals.softmax(-1).tolist())})
+            expected = grown
+    return expected
+
+
+@pytest.fixture(scope="module")
+def bigram_setup():
+    """A one-layer Llama (4 key/value heads) whose attention and MLP add nothing (o_proj and down_proj zero): its
+    next token depends on the last token alone, which an EAGLE-3 layer can compute at every depth (eagle3_heads)."""
+    model, tok, ids, _, _ = make_setup("llama", num_layers=1, num_key_value_heads=4)
+    layer = model.get_decoder().layers[0]
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    return model, tok, ids, None, first_tokens_distribution(model, ids)
+
+
+def eagle3_like_the_base(model, eagle3, scale: float = 0.1) -> None:
+    """Make `eagle3` (an Eagle3Module on the bigram base) draft the base's next token at every depth, then perturb it
+    by `scale`. q and k read the normed token embedding only, scaled so that every row attends to itself alone;
+    v = [normed embedding ; -normed feature] and o_proj = I, so that h = feature + attn = the normed embedding of the
+    row's token whatever feature was fed back (fc zero at depth 1; the previous depth's prediction deeper); the MLP
+    adds nothing. Read out through the base's final norm and LM head (its draft-vocabulary rows): the base's logits."""
+    h = model.config.hidden_size
+    layer, eye, zero = eagle3.layers[0], torch.eye(h), torch.zeros(h, h)
+    with torch.no_grad():
+        eagle3.fc.weight.zero_()
+        for norm in (layer.input_layernorm, layer.hidden_norm):
+            norm.weight.fill_(1.0)
+        layer.self_attn.q_proj.weight.copy_(torch.cat([5 * eye, zero], 1))
+        layer.self_attn.k_proj.weight.copy_(torch.cat([5 * eye, zero], 1))
+        layer.self_attn.v_proj.weight.copy_(torch.cat([eye, -eye], 1))
+        layer.self_attn.o_proj.weight.copy_(eye)
+        layer.mlp.down_proj.weight.zero_()
+    perturb(eagle3, scale)
+
+
+def eagle3_heads(setup):
+    """EAGLE-3 heads over the 200 lowest token ids with their own LM head (the base's rows, perturbed)."""
+    model = setup[0]
+    config = HeadsConfig.for_base(model, "eagle3", num_heads=4, share_lm_head=False, draft_vocab_size=200)
+    heads = build_heads(config, model, most_frequent(torch.arange(model.config.vocab_size, 0, -1), 200)).eval()
+    eagle3_like_the_base(model, heads.eagle3)
+    perturb(heads.lm_heads, 0.1, seed=1)
+    return heads_drafter(heads, TREE)
+
+
 def eagle_heads(setup):
     """EAGLE heads over the 200 lowest token ids (the prompt's and the likely ones among them)."""
     model = setup[0]
@@ -88,7 +144,7 @@ def draft_model(setup):
 
 
 DRAFTERS = {"eagle_heads": (eagle_heads, "one_layer_setup"), "bare_eagle": (bare_eagle, "one_layer_setup"),
-            "draft_model": (draft_model, "two_layer_setup")}
+            "eagle3_heads": (eagle3_heads, "bigram_setup"), "draft_model": (draft_model, "two_layer_setup")}
 
 
 def draws(setup, drafter, n, draft="sample", seed0=0):
