@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from analysis.comparisons import compare, compare_across_runs, describe, fmt_interval, stronger_pld_name
+from analysis.comparisons import compare, compare_across_runs, describe, fmt_interval
 
 
 def _verdict(lo: float, hi: float, size: float | None = None) -> str:
@@ -144,7 +144,7 @@ def _eagle_rows(run: dict | None, summary: dict) -> list[dict | None]:
     if not run:
         return []
     rows, mine = [], "eagle3-optimal"
-    pld = stronger_pld_name(run)
+    pld = (run.get("strongest_pld") or {}).get("method")          # a run's metrics name it (reports/metrics)
     c = compare(run, mine, pld, "speedup") if pld else None
     if c and c["interval"]:
         acc = compare(run, mine, pld, "accept_length")

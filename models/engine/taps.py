@@ -5,9 +5,11 @@
         out = model.get_decoder()(input_ids=ids, ...)             # any forward: prefill, verify, a training batch
     features = tapped.features()                                  # [B, T, len(taps) * h], taps in the order given
 
-Tap i is transformers' `hidden_states[i]` (output_hidden_states=True): the input of decoder layer i, i.e. the
-output of layer i - 1 (0: the embeddings). A forward hook on layer i - 1 records it, so the forward is not run a
-second time and the other layers' states are never kept. With no taps the context does nothing.
+Tap i is the output of decoder layer i - 1, i.e. the input of layer i: transformers' `hidden_states[i]`
+(output_hidden_states=True) for i < L. Tap L is the last layer's output before the final norm (transformers'
+hidden_states[L] is after it); only a clamped tap of a 1- or 2-layer test model is L. A forward hook on layer
+i - 1 records it, so the forward is not run a second time and the other layers' states are never kept. With no
+taps the context does nothing.
 """
 from __future__ import annotations
 
