@@ -173,18 +173,26 @@ def medusa_table(summary: dict) -> Table:
     return t
 
 
-def hydra_table(summary: dict) -> Table:
-    t = Table("hydra", "Hydra: speedup / mean accepted tokens per step on MT-Bench (greedy, batch 1)",
-              ["Base model", "Measured on", *[c for _, c in HYDRA_COLUMNS]])
-    for table in ("hydra", "specbench"):
+def published_rows(tables, columns) -> list[list[str]]:
+    """One row per base model of each published table: the model, where it was measured, and "speedup / accepted"
+    for each of `columns` ((method, label) pairs; "-" where the source has no figure)."""
+    rows = []
+    for table in tables:
         for model in published_models(table):
             cells = []
-            for method, _ in HYDRA_COLUMNS:
+            for method, _ in columns:
                 sp = published_value(table, model, method, "speedup")
                 al = published_value(table, model, method, "accept_length")
                 cells.append("-" if sp is None else f"{fmt_speedup(sp.value, True)} / {fmt_length(al.value if al else None, True)}")
-            where = next(c for c in [published_value(table, model, m) for m, _ in HYDRA_COLUMNS] if c is not None)
-            t.rows.append([model, where.label, *cells])
+            where = next(c for c in [published_value(table, model, m) for m, _ in columns] if c is not None)
+            rows.append([model, where.label, *cells])
+    return rows
+
+
+def hydra_table(summary: dict) -> Table:
+    t = Table("hydra", "Hydra: speedup / mean accepted tokens per step on MT-Bench (greedy, batch 1)",
+              ["Base model", "Measured on", *[c for _, c in HYDRA_COLUMNS]])
+    t.rows += published_rows(("hydra", "specbench"), HYDRA_COLUMNS)
     for tree in method_trees(summary):
         cells = []
         for method, _ in HYDRA_COLUMNS:
@@ -221,15 +229,7 @@ def eagle_table(summary: dict, single_runs: dict[str, dict] | None = None) -> Ta
     lookup merged in."""
     t = Table("eagle", "EAGLE and draft models: speedup / mean accepted tokens per step on MT-Bench (greedy, batch 1)",
               ["Base model", "Measured on", *[c for _, c in EAGLE_COLUMNS]])
-    for table in EAGLE_PUBLISHED:
-        for model in published_models(table):
-            cells = []
-            for method, _ in EAGLE_COLUMNS:
-                sp = published_value(table, model, method, "speedup")
-                al = published_value(table, model, method, "accept_length")
-                cells.append("-" if sp is None else f"{fmt_speedup(sp.value, True)} / {fmt_length(al.value if al else None, True)}")
-            where = next(c for c in [published_value(table, model, m) for m, _ in EAGLE_COLUMNS] if c is not None)
-            t.rows.append([model, where.label, *cells])
+    t.rows += published_rows(EAGLE_PUBLISHED, EAGLE_COLUMNS)
     heads_columns = [m for m, _ in EAGLE_COLUMNS if m not in PLD_KINDS]
     shown = []
     for tree in EAGLE2_TREES:                          # the main run
