@@ -124,10 +124,8 @@ class NoisyModelHeads(torch.nn.Module):
         return hidden
 
 
-def make_setup(arch, noise=1.0, **overrides):
-    """(model, tok, prompt, heads, exact distribution of the first TOKENS new tokens from model(ids).logits)."""
-    model, tok = build_tiny_model(arch=arch, seed=7, **overrides)
-    ids = [1, 40, 80, 120, 90, 60, 30, 100]
+def first_tokens_distribution(model, ids) -> dict:
+    """The exact distribution of the first TOKENS new tokens under top_k=TOP_K, from the model's own logits."""
     expected = {(): 1.0}
     with torch.inference_mode():
         for _ in range(TOKENS):
@@ -136,7 +134,14 @@ def make_setup(arch, noise=1.0, **overrides):
                 vals, idx = torch.topk(model(torch.tensor([ids + list(seq)])).logits[0, -1], TOP_K)
                 grown.update({seq + (t,): p * pt for t, pt in zip(idx.tolist(), vals.softmax(-1).tolist())})
             expected = grown
-    return model, tok, ids, NoisyModelHeads(model, ids, noise), expected
+    return expected
+
+
+def make_setup(arch, noise=1.0, **overrides):
+    """(model, tok, prompt, heads, exact distribution of the first TOKENS new tokens from model(ids).logits)."""
+    model, tok = build_tiny_model(arch=arch, seed=7, **overrides)
+    ids = [1, 40, 80, 120, 90, 60, 30, 100]
+    return model, tok, ids, NoisyModelHeads(model, ids, noise), first_tokens_distribution(model, ids)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from models.engine.decoding import generate
 from models.engine.drafters import EagleDrafter, EagleProposer, heads_drafter
 from models.heads import HeadsConfig, build_heads
 from models.heads.draft_vocab import most_frequent
-from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, make_setup
+from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, first_tokens_distribution, make_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,19 +59,6 @@ def one_layer_setup():
 @pytest.fixture(scope="module")
 def two_layer_setup():
     return make_setup("llama")
-
-
-def first_tokens_distribution(model, ids) -> dict:
-    """The exact distribution of the first TOKENS new tokens under top_k=TOP_K, from the model's own logits."""
-    expected = {(): 1.0}
-    with torch.inference_mode():
-        for _ in range(TOKENS):
-            grown = {}
-            for seq, p in expected.items():
-                vals, idx = torch.topk(model(torch.tensor([ids + list(seq)])).logits[0, -1], TOP_K)
-                grown.update({seq + (t,): p * pt for t, pt in zip(idx.tolist(), vals.softmax(-1).tolist())})
-            expected = grown
-    return expected
 
 
 @pytest.fixture(scope="module")
