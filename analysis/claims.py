@@ -132,27 +132,38 @@ def _medusa2_row(summary: dict, train: dict, own: dict | None) -> dict | None:
                 reason if v != "reproduced" else "")
 
 
-EAGLE_RUN = "eagle3-optimal_pld"     # the run of one method the EAGLE claims are judged on (and its tree without lookup)
-EAGLE_PLD_PUBLISHED = "EAGLE 2.10x vs prompt lookup 1.66x: 1.27x (Spec-Bench, Vicuna-7B, A100)"
+EAGLE_RUNS = {"eagle": "eagle-optimal_pld", "eagle3": "eagle3-optimal_pld"}   # the runs of one method each that
+# judge the EAGLE claims: a family's calibrated tree with prompt lookup merged in, and (eval.selected_trees) alone
+PLD_PUBLISHED = {
+    "eagle": ("EAGLE beats prompt lookup", "EAGLE 2.10x vs prompt lookup 1.66x: 1.27x (Spec-Bench, Vicuna-7B, A100)"),
+    "eagle3": ("EAGLE-3 beats prompt lookup", "EAGLE-3 3.02x (Spec-Bench, Vicuna-13B) vs prompt lookup 1.66x "
+                                              "(Vicuna-7B): 1.82x, across model sizes")}
 EAGLE3_MEDUSA_PUBLISHED = "6.65 vs 2.59 accepted: 2.57x (EAGLE-3 paper, Vicuna-13B)"
 
 
-def _eagle_rows(run: dict | None, summary: dict) -> list[dict | None]:
-    """EAGLE's claims from EAGLE-3's run of its own: its calibrated tree alone against that run's stronger prompt
-    lookup (speed, paired within the run), and its accepted length against the main run's Medusa-1 on its
-    calibrated tree (greedy accepted lengths do not depend on the run)."""
-    if not run:
-        return []
-    rows, mine = [], "eagle3-optimal"
+def _eagle_pld_row(run: dict | None, family: str) -> dict | None:
+    """A family's calibrated tree alone against its run's stronger prompt lookup: speed, paired within the run."""
+    mine = f"{family}-optimal"
+    if not run or mine not in run.get("methods", {}):
+        return None
     pld = (run.get("strongest_pld") or {}).get("method")          # a run's metrics name it (reports/metrics)
     c = compare(run, mine, pld, "speedup") if pld else None
-    if c and c["interval"]:
-        acc = compare(run, mine, pld, "accept_length")
-        v = _verdict(*c["interval"])
-        reason = f"accepted length {describe(acc)}" if acc and acc["interval"] and v != "reproduced" else ""
-        rows.append(_row("EAGLE beats prompt lookup", EAGLE_PLD_PUBLISHED,
-                         describe(c) + f" ({mine} / {pld}, run {run.get('tag')})", v, reason))
-    c = compare_across_runs(run, mine, summary, "medusa1-optimal", "accept_length")
+    if not (c and c["interval"]):
+        return None
+    acc = compare(run, mine, pld, "accept_length")
+    v = _verdict(*c["interval"])
+    reason = f"accepted length {describe(acc)}" if acc and acc["interval"] and v != "reproduced" else ""
+    claim, published = PLD_PUBLISHED[family]
+    return _row(claim, published, describe(c) + f" ({mine} / {pld}, run {run.get('tag')})", v, reason)
+
+
+def _eagle_rows(runs: dict[str, dict], summary: dict) -> list[dict | None]:
+    """EAGLE's claims from the EAGLE and EAGLE-3 runs of their own: each calibrated tree alone against its run's
+    stronger prompt lookup, and EAGLE-3's accepted length against the main run's Medusa-1 on its calibrated tree
+    (greedy accepted lengths do not depend on the run)."""
+    rows = [_eagle_pld_row(runs.get(tag), family) for family, tag in EAGLE_RUNS.items()]
+    run = runs.get(EAGLE_RUNS["eagle3"])
+    c = compare_across_runs(run, "eagle3-optimal", summary, "medusa1-optimal", "accept_length") if run else None
     if c and c["interval"]:
         rows.append(_row("EAGLE-3 accepts more than Medusa", EAGLE3_MEDUSA_PUBLISHED,
                          describe(c) + f" ({c['a']} / {c['b']}, calibrated trees)", _verdict(*c["interval"], 2.57),
@@ -164,7 +175,8 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
                single_runs: dict[str, dict] | None = None) -> list[dict]:
     """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out);
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
-    `eagle3-optimal_pld` (EAGLE-3 on its calibrated tree with and without prompt lookup) the EAGLE claims."""
+    `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
+    EAGLE claims."""
     train, why = train or {}, functools.partial(_accept_reason, summary)
     rows = [_medusa1_row(summary, latency), _medusa2_row(summary, train, (single_runs or {}).get("medusa2-optimal"))]
     c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
@@ -181,7 +193,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
         _paired_row(summary, "The 63-node tree beats a chain",
                     "the tree over a chain in Medusa's ablation (A100; no single figure)", "medusa1-sparse64",
                     "medusa1-chain4", why=_tree_reason(summary, latency))]
-    rows += _eagle_rows((single_runs or {}).get(EAGLE_RUN), summary)
+    rows += _eagle_rows(single_runs or {}, summary)
     return [r for r in rows if r is not None]
 
 

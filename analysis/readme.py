@@ -24,6 +24,29 @@ def _cell(value: float | None, ci: list | None, unit: str = "") -> str:
     return f"{value:.2f}{unit}" + (f" ({ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
 
 
+PEERS = LOOKUPS | {"sps_hf": "draft model (transformers' assisted generation)"}
+
+
+def method_label(name: str) -> str:
+    """A method's name in the metrics ("hydra-optimal_pld", "pld", ...) in words."""
+    if name in PEERS:
+        return PEERS[name]
+    family, _, tree = name.partition("-")
+    return f"{FAMILY_LABELS.get(family, family)}, {TREES.get(tree, tree)}" if tree else name
+
+
+def run_rows(single_runs: dict[str, dict]) -> list[tuple[str, str, dict]]:
+    """(run, method label, its metrics) for every method of each run of one method except its baseline: the
+    method, the trees it also ran (eval.selected_trees) and the peers it ran beside."""
+    rows = []
+    for tag, run in sorted(single_runs.items()):
+        methods = run.get("methods", {})
+        drafted = [n for n in methods if not n.startswith("baseline") and n not in PEERS]
+        order = sorted(drafted, key=lambda n: (n != tag, n)) + [n for n in PEERS if n in methods]
+        rows += [(tag, method_label(n), methods[n]) for n in order]
+    return rows
+
+
 def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
     methods = metrics.get("methods", {})
     rows = [(label, methods[name]) for name, label in LOOKUPS.items() if name in methods]
@@ -47,14 +70,16 @@ def headline_block(metrics: dict, single_runs: dict[str, dict] | None = None) ->
     for label, m in headline_rows(metrics):
         lines.append(f"| {label} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
                      f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |")
-    own = {tag: r["methods"][tag] for tag, r in sorted((single_runs or {}).items()) if tag in r.get("methods", {})}
+    own = run_rows(single_runs or {})
     if own:
-        m2 = "; Medusa-2's decodes the heads of the committed `train_medusa2.json`" if "medusa2-optimal" in own else ""
+        m2 = ("; Medusa-2's decodes the heads of the committed `train_medusa2.json`"
+              if any(tag == "medusa2-optimal" for tag, _, _ in own) else "")
         lines += ["", "Methods run on their own after the main run (`reports/metrics/evaluate_<run>.json`), each speedup "
-                  f"over the baseline of its own run{m2}:", "",
-                  "| run | questions | speedup (95% interval) | accepted tokens a step (95% interval) |", "|---|---|---|---|"]
-        lines += [f"| {tag} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
-                  f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |" for tag, m in own.items()]
+                  f"over the baseline of its own run, beside the peers that run also measured{m2}:", "",
+                  "| run | method | questions | speedup (95% interval) | accepted tokens a step (95% interval) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {tag} | {label} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
+                  f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |" for tag, label, m in own]
     return "\n".join(lines + ["", END])
 
 

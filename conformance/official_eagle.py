@@ -31,7 +31,7 @@ import eagle.model.modeling_llama_kv as kv
 from eagle.model.choices import mc_sim_7b_63
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import serve as serve_requests  # noqa: E402
+from serve import Recorder, serve as serve_requests  # noqa: E402
 from tf4_model import rewrite_model  # noqa: E402
 
 
@@ -102,17 +102,6 @@ def load(model_dir: Path, eagle_dir: Path, work: Path, ids: list[int], dtype):
     del reference
     return model, {"base_before": before[0], "draft_before": before[1], "base_after": after[0],
                    "draft_after": after[1], "rope_theta": theta}
-
-
-class Recorder:
-    """Wraps update_inference_inputs: the tokens each step appends (root + accepted drafts)."""
-
-    def __init__(self, original):
-        self.original, self.steps = original, []
-
-    def __call__(self, input_ids, candidates, best_candidate, accept_length, *rest):
-        self.steps.append(candidates[best_candidate, : int(accept_length) + 1].tolist())
-        return self.original(input_ids, candidates, best_candidate, accept_length, *rest)
 
 
 def serve(model, rec):

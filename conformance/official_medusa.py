@@ -31,7 +31,7 @@ from medusa.model import utils as utils01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import medusa_head  # noqa: E402
-from serve import serve as serve_requests  # noqa: E402
+from serve import Recorder, serve as serve_requests  # noqa: E402
 from tf4_model import rewrite_model  # noqa: E402  (fix 3: the model folder, rewritten for transformers 4.34)
 
 
@@ -81,21 +81,6 @@ def check_base(model, model_dir: Path, ids: list[int]) -> float:
 
 
 # -- decoding ---------------------------------------------------------------------------------------------
-class Recorder:
-    """Wraps update_inference_inputs: the tokens each step appends (root + accepted drafts)."""
-
-    def __init__(self, original):
-        self.original, self.steps = original, []
-
-    def __call__(self, input_ids, candidates, best_candidate, accept_length, *rest):
-        self.steps.append(candidates[best_candidate, : int(accept_length) + 1].tolist())
-        return self.original(input_ids, candidates, best_candidate, accept_length, *rest)
-
-    @property
-    def emitted(self) -> int:
-        return sum(len(s) for s in self.steps)
-
-
 def decode_v01(model, rec, ids, max_new):
     for _ in model.medusa_generate(torch.tensor([ids]), temperature=0.0, max_steps=max_new,
                                    medusa_choices=[1, 7, 6]):

@@ -1,12 +1,29 @@
-"""The request loop both official runners share (conformance/official_medusa.py, official_eagle.py): one request
-file's path per line on stdin, the result file's path on stdout. Runs in the official environments only.
+"""What both official runners share (conformance/official_medusa.py, official_eagle.py): the step recorder, and the
+request loop (one request file's path per line on stdin, the result file's path on stdout). Runs in the official
+environments only.
 
-    serve(rec, decode)    # decode(request) fills rec.steps with what each step appended
+    rec = Recorder(module.update_inference_inputs)   # put in its place: records what each step appends
+    serve(rec, decode)                               # decode(request) fills rec.steps
 """
 import json
 import sys
 import time
 from pathlib import Path
+
+
+class Recorder:
+    """Wraps the official update_inference_inputs: the tokens each step appends (root + accepted drafts)."""
+
+    def __init__(self, original):
+        self.original, self.steps = original, []
+
+    def __call__(self, input_ids, candidates, best_candidate, accept_length, *rest):
+        self.steps.append(candidates[best_candidate, : int(accept_length) + 1].tolist())
+        return self.original(input_ids, candidates, best_candidate, accept_length, *rest)
+
+    @property
+    def emitted(self) -> int:
+        return sum(len(s) for s in self.steps)
 
 
 def serve(rec, decode) -> None:

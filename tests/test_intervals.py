@@ -110,24 +110,36 @@ def test_claims_are_judged_by_paired_intervals():
     assert c["ratio"] == pytest.approx(1.2, abs=0.02) and c["wins"] >= 14
 
 
-def test_eagle_claims_are_judged_on_eagle3s_own_run():
-    """EAGLE-3's run of its own (eagle3-optimal_pld with eagle3-optimal): alone against that run's stronger prompt
-    lookup, paired within the run; its accepted length against the main run's Medusa-1 on the same questions."""
-    summary, rng = _summary(), random.Random(7)
+def _eagle_run(family: str, factor: float, accept: int, seed: int) -> dict:
+    """A run of one method as its metrics file holds it: <family>-optimal, pld (the stronger) and pld_hf."""
+    rng = random.Random(seed)
     base = [rng.uniform(2.0, 3.0) for _ in range(16)]
     methods = {}
-    for name, (f, accept, kind) in {"eagle3-optimal": (0.9, 3, "heads"), "pld": (1.2, 1, "pld"),
-                                    "pld_hf": (1.0, 1, "pld_hf")}.items():
-        recs = _records(name, [t / (f * rng.uniform(0.98, 1.02)) for t in base], accept=accept)
-        methods[name] = {"kind": kind, **summarize_method([recs], [_records("baseline", base)])}
-    run = {"tag": "eagle3-optimal_pld", "strongest_pld": {"method": "pld", "speedup": 1.2},    # as in its metrics file
-           "methods": {name: {k: v for k, v in m.items() if k != "kind"} for name, m in methods.items()}}
-    rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"eagle3-optimal_pld": run})}
-    pld = rows["EAGLE beats prompt lookup"]
-    assert pld["verdict"] == "reversed" and "eagle3-optimal / pld" in pld["ours"] and "accepted length 3.00x" in pld["reason"]
+    for name, (f, acc) in {f"{family}-optimal": (factor, accept), "pld": (1.2, 1), "pld_hf": (1.0, 1)}.items():
+        recs = _records(name, [t / (f * rng.uniform(0.98, 1.02)) for t in base], accept=acc)
+        methods[name] = summarize_method([recs], [_records("baseline", base)])
+    return {"tag": f"{family}-optimal_pld", "strongest_pld": {"method": "pld", "speedup": 1.2}, "methods": methods}
+
+
+def test_eagle_claims_are_judged_on_each_familys_own_run():
+    """EAGLE's and EAGLE-3's runs of their own (<family>-optimal_pld with <family>-optimal): each alone against
+    its run's stronger prompt lookup, paired within the run; EAGLE-3's accepted length against the main run's
+    Medusa-1 on the same questions."""
+    summary = _summary()
+    runs = {"eagle3-optimal_pld": _eagle_run("eagle3", 0.9, 3, 7), "eagle-optimal_pld": _eagle_run("eagle", 1.5, 2, 8)}
+    rows = {r["claim"]: r for r in claim_rows(summary, single_runs=runs)}
+    e3 = rows["EAGLE-3 beats prompt lookup"]
+    assert e3["verdict"] == "reversed" and "eagle3-optimal / pld" in e3["ours"] and "accepted length 3.00x" in e3["reason"]
+    e1 = rows["EAGLE beats prompt lookup"]
+    assert e1["verdict"] == "reproduced" and "eagle-optimal / pld, run eagle-optimal_pld" in e1["ours"]
     acc = rows["EAGLE-3 accepts more than Medusa"]
     assert acc["verdict"] == "reproduced" and "3.00x" in acc["ours"]       # 3 tokens a step against Medusa-1's 1
-    assert "EAGLE beats prompt lookup" not in {r["claim"] for r in claim_rows(summary)}   # no run, no row
+    claims = {r["claim"] for r in claim_rows(summary, single_runs={"eagle3-optimal_pld": runs["eagle3-optimal_pld"]})}
+    assert "EAGLE beats prompt lookup" not in claims and "EAGLE-3 beats prompt lookup" in claims   # no run, no row
+    without_alone = dict(runs["eagle-optimal_pld"], methods={k: v for k, v in runs["eagle-optimal_pld"]["methods"].items()
+                                                             if k != "eagle-optimal"})
+    assert "EAGLE beats prompt lookup" not in {r["claim"] for r in claim_rows(summary, single_runs={
+        "eagle-optimal_pld": without_alone})}                               # a run without the tree alone: no row
 
 
 def test_results_document_has_every_section():

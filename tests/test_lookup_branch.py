@@ -96,20 +96,25 @@ def test_greedy_with_a_lookup_branch_equals_the_baseline(family):
     assert runs["flat"].steps <= runs["uncut"].steps + 2
 
 
-def test_typical_and_topk_sampling_take_a_lookup_branch():
+@pytest.mark.parametrize("family", ["hydra", "eagle"])
+def test_typical_and_both_samplings_take_a_lookup_branch(family):
+    """Typical acceptance, and lossless sampling with top-k or sampled heads' drafts (tests/test_sampling.py has
+    the chi-square test of the latter); sampled drafts keep the union uncut, deterministic ones are cut."""
     model, tok, ids = setups()
-    heads = random_heads(model, "hydra")
-    for sampling in (SamplingConfig(temperature=0.7, acceptance="typical", seed=1),
-                     SamplingConfig(temperature=0.7, acceptance="sampling", draft="topk", seed=1)):
-        res = generate(model, tok, ids, heads_drafter(heads, SMALL, lookup=PromptLookupDrafter(8, 3, 2, 3)), sampling=sampling, max_new_tokens=30, stop_token_ids=[])
+    heads = random_heads(model, family)
+    steep = [1.0] + [50.0] * 19                                          # no node pays for itself
+    for sampling, cut in ((SamplingConfig(temperature=0.7, acceptance="typical", seed=1), True),
+                          (SamplingConfig(temperature=0.7, acceptance="sampling", draft="topk", seed=1), True),
+                          (SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample", seed=1), False)):
+        drafter = heads_drafter(heads, SMALL, step_cost=steep, lookup=PromptLookupDrafter(8, 3, 2, 3))
+        sizes, draft = [], drafter.draft
+        drafter.draft = lambda root, depth: (lambda d: sizes.append(d.buf.num_tokens) or d)(draft(root, depth))
+        res = generate(model, tok, ids, drafter, sampling=sampling, max_new_tokens=30, stop_token_ids=[])
         assert len(res.new_tokens) == 30 == 1 + sum(res.accept_lengths)
+        assert drafter.cutting == cut and (max(sizes) == 1) == cut, sampling
 
 
-def test_a_lookup_branch_refuses_sampled_drafts_and_a_missing_tree():
-    model, tok, ids = setups()
-    heads = random_heads(model, "medusa")
-    with pytest.raises(ValueError, match="deterministic drafts"):
-        generate(model, tok, ids, heads_drafter(heads, SMALL, lookup=PromptLookupDrafter()), max_new_tokens=5, sampling=SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample"))
+def test_a_lookup_branch_refuses_a_missing_tree():
     with pytest.raises(ValueError, match="needs heads=... and a tree"):
         make_drafter({"kind": "heads_lookup", "lookup": {"num_tokens": 4}})
 

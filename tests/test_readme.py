@@ -46,9 +46,15 @@ def test_refresh_replaces_only_the_block_and_refuses_a_readme_without_one():
                    "hydra-optimal": {"questions": 2, "speedup": 1.1, "speedup_ci": None, "accept_length": 1.6,
                                      "accept_length_ci": [1.5, 1.7]}}}
     text = refresh(f"before\n{START}\nold\n{END}\nafter\n", metrics)
-    own = {"medusa2-optimal": {"methods": {"medusa2-optimal": {"questions": 2, "speedup": 1.2, "speedup_ci": [1.1, 1.3],
-                                                               "accept_length": 1.5, "accept_length_ci": None}}}}
-    assert "| medusa2-optimal | 2 | 1.20x (1.10 to 1.30) | 1.50 |" in refresh(f"{START}\n{END}", metrics, own)
+    row = {"questions": 2, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "accept_length": 1.5, "accept_length_ci": None}
+    own = {"medusa2-optimal": {"methods": {"medusa2-optimal": row}},
+           "eagle-optimal_pld": {"methods": {"baseline-eagle": row, "pld": row, "eagle-optimal": row,
+                                             "eagle-optimal_pld": row}}}
+    block = refresh(f"{START}\n{END}", metrics, own)
+    assert "| medusa2-optimal | Medusa-2, calibrated tree | 2 | 1.20x (1.10 to 1.30) | 1.50 |" in block
+    # a run's own method first, then the trees it also ran, then its peers; never its baseline
+    assert [line.split(" | ")[1] for line in block.splitlines() if line.startswith("| eagle-optimal_pld")] == [
+        "EAGLE, calibrated tree + prompt lookup", "EAGLE, calibrated tree", "prompt lookup (this decoder)"]
     assert "on their own" not in text
     assert text.startswith("before\n") and text.endswith("\nafter\n") and "old" not in text
     assert "| prompt lookup (this decoder) | 2 | 1.50x (1.20 to 1.80) | 1.40 (1.30 to 1.50) |" in text

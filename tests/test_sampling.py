@@ -20,7 +20,8 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import BaseLogits, base_logits
 from models.heads import HeadsConfig
-from models.engine.trees import TreeBuffers, dense_tree
+from models.engine.drafters.base import Draft
+from models.engine.trees import TreeBuffers, chain_tree, dense_tree
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
@@ -88,11 +89,35 @@ def test_acceptance_rule_is_lossless(draft):
     assert chi2_pvalue(counts, expected, 6000) > 0.01
 
 
-def test_acceptance_rule_controls_fail():
-    counts, expected = first_token_draws(accept_all, "sample", 2000)
-    assert chi2_pvalue(counts, expected, 2000) < 0.01
-    counts, expected = first_token_draws(accept_without_residual, "sample", 6000)
-    assert chi2_pvalue(counts, expected, 6000) < 0.01
+def point_mass_after_drawn_draws(children_q, n: int) -> tuple[Counter, int]:
+    """First emitted token of a one-level tree over n draws: two children drawn from q, then the best token the
+    draws missed (a prompt-lookup branch: a fixed token, chosen after the draws). -> counts, times it was taken."""
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(V, generator=torch.Generator().manual_seed(1)) * 1.5
+    sampling = SamplingConfig(temperature=1.0, acceptance="sampling")
+    q = warp_probs(torch.randn(V, generator=torch.Generator().manual_seed(4)) * 1.5, sampling)
+    buf = TreeBuffers.build(dense_tree(3, 1, topk=V))
+    node_logits = NodeLogits(torch.stack([target] + [torch.zeros(V)] * 3), lambda x: x)
+    counts, fixed_taken = Counter(), 0
+    for _ in range(n):
+        picks = torch.topk(q / torch.empty_like(q).exponential_(generator=g), 2).indices.tolist()
+        fixed = next(t for t in target.argsort(descending=True).tolist() if t not in picks)
+        tokens = torch.tensor([0, *picks, fixed])
+        path, bonus = acceptance.accept_sampling(tokens, buf, node_logits, sampling, g, lambda node: children_q(q))
+        counts[int(tokens[path[1]]) if len(path) > 1 else bonus] += 1
+        fixed_taken += path[1:] == [3]
+    return counts, fixed_taken, {k: float(v) for k, v in enumerate(warp_probs(target, sampling))}
+
+
+def test_acceptance_rule_is_lossless_with_a_point_mass_after_drawn_children():
+    """draft_q -> (q, 2): the third child is tried as a point mass after the drawn ones. Negative control: the
+    same child judged by q, as if q had drawn it, fails."""
+    n = 6000
+    counts, fixed_taken, expected = point_mass_after_drawn_draws(lambda q: (q, 2), n)
+    assert fixed_taken > 0.1 * n, f"the fixed child was accepted {fixed_taken} times in {n}: barely tested"
+    assert chi2_pvalue(counts, expected, n) > 0.01
+    counts, _, expected = point_mass_after_drawn_draws(lambda q: q, 3000)
+    assert chi2_pvalue(counts, expected, 3000) < 0.01
 
 
 # -- the whole decoder on a tiny model -------------------------------------------------------------
@@ -156,14 +181,15 @@ def granite_setup():
     return make_setup("granite", noise=0.25, logits_scaling=4.0)
 
 
-def decoder_draws(setup, n, heads=True, draft="sample", seed0=0):
+def decoder_draws(setup, n, heads=True, draft="sample", seed0=0, lookup=None):
     """Counts of the first TOKENS tokens over n generations, drafted tokens among them, and the draws
-    whose first step accepted drafts at depths 1 and 2."""
+    whose first step accepted drafts at depths 1 and 2. lookup() -> a chain drafter merged into the tree."""
     model, tok, ids, hd, _ = setup
     counts, drafted, deep = Counter(), 0, 0
     for i in range(n):
         s = SamplingConfig(temperature=1.0, top_k=TOP_K, acceptance="sampling", draft=draft, seed=seed0 + i)
-        res = generate(model, tok, ids, heads_drafter(hd, TREE) if heads else None, sampling=s, max_new_tokens=MAX_NEW, stop_token_ids=[])
+        drafter = heads_drafter(hd, TREE, lookup=lookup() if lookup else None) if heads else None
+        res = generate(model, tok, ids, drafter, sampling=s, max_new_tokens=MAX_NEW, stop_token_ids=[])
         counts[tuple(res.new_tokens[:TOKENS])] += 1
         drafted += sum(res.from_draft[:TOKENS])
         deep += res.accept_lengths[0] == 3
@@ -181,6 +207,53 @@ def test_speculative_sampler_matches_model(tiny_setup, draft):
     counts, drafted, deep = decoder_draws(tiny_setup, n, draft=draft, seed0=10_000)
     assert drafted > 0.3 * n, f"only {drafted} drafted tokens accepted in {n} draws: the test would not test much"
     assert deep > 0.1 * n, f"only {deep} of {n} first steps accepted a depth-2 draft: depth 2 is barely tested"
+    assert chi2_pvalue(counts, tiny_setup[-1], n) > 0.01
+
+
+class SecondChoiceChain:
+    """A deterministic chain drafter in prompt lookup's place: 2 tokens below the root, each the model's
+    second-ranked next token (a function of the context alone, as prompt lookup's chain is; second-ranked, so
+    that the heads' draws often miss it and the rule must try it as a lookup child)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, ctx):
+        self.context = ctx.input_ids.tolist()
+
+    def advance(self, hidden, tokens, position):
+        self.context = self.context[:position] + list(tokens)
+
+    def rewind(self, position):
+        self.context = self.context[:position]
+
+    def draft(self, root, max_depth):
+        seq = self.context + [root]
+        for _ in range(min(2, max_depth)):
+            seq.append(int(self.model(torch.tensor([seq])).logits[0, -1].argsort(descending=True)[1]))
+        chain = seq[len(self.context):]
+        return Draft(TreeBuffers.build(chain_tree(len(chain) - 1)), torch.tensor(chain), extras={"ngram": 1})
+
+
+def lookup_child_taken(record: list):
+    """The real sampling rule, noting whether each verified step had a lookup child of the root and took it."""
+    def rule(tokens, buf, logits, sampling, generator=None, draft_q=None):
+        path, bonus = acceptance.accept_sampling(tokens, buf, logits, sampling, generator, draft_q)
+        lookup_rank = buf.spec.topk - 1 if "+lookup" in buf.spec.name else None
+        record.append(lookup_rank is not None and len(path) > 1 and int(buf.ranks[path[1]]) == lookup_rank)
+        return path, bonus
+    return rule
+
+
+def test_sampled_heads_drafts_with_a_lookup_branch_match_the_model(tiny_setup, monkeypatch):
+    """Sampled heads' children (their q) and a deterministic chain merged in as a branch (a point mass, tried
+    after them): the first tokens still follow the model's distribution, and the branch is taken."""
+    taken = []
+    monkeypatch.setitem(acceptance.ACCEPTANCE, "sampling", lookup_child_taken(taken))
+    n = 600
+    counts, drafted, deep = decoder_draws(tiny_setup, n, seed0=50_000, lookup=lambda: SecondChoiceChain(tiny_setup[0]))
+    assert drafted > 0.3 * n and deep > 0.1 * n
+    assert sum(taken) > 0.1 * n, f"a lookup child was accepted on {sum(taken)} steps of {n} draws: barely tested"
     assert chi2_pvalue(counts, tiny_setup[-1], n) > 0.01
 
 

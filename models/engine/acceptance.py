@@ -14,7 +14,10 @@
   and q <- q without x, renormalised (the children were drawn from q without replacement);
   when all children are rejected, or at a leaf, the bonus is drawn from what is left of p.
   With `draft_q = None` the children are deterministic top-k proposals, i.e. q is a point
-  mass at each child (the residual then drops x from p).
+  mass at each child (the residual then drops x from p). draft_q(node) may also return (q, drawn):
+  only the first `drawn` children were drawn from q, the later ones are deterministic (a prompt-lookup
+  branch below sampled heads' children). They are tried last, each as a point mass: such a test
+  leaves any residual exactly as it was, so it may follow the sampled children.
 """
 from __future__ import annotations
 
@@ -190,20 +193,21 @@ def accept_sampling(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, g
         if not buf.children[node]:                                     # leaf: the bonus comes from the full p
             return path, sample(warp_probs(logits.rows([node])[0], sampling), generator)
         p = warp_probs(logits.rows([node])[0], sampling).double()      # [V], warped only where the walk goes
-        q = None if draft_q is None else draft_q(node).double().clone()
+        q, drawn = _children_q(draft_q, node, len(buf.children[node]))
         nxt = None
-        for child in buf.children[node]:
+        for i, child in enumerate(buf.children[node]):
             x = int(tokens[child])
-            if q is None:
+            point = q is None or i >= drawn
+            if point:
                 accept_prob = float(p[x])                              # q = point mass at x
-            elif q[x] <= 0:                                            # q's support is used up
-                break
+            elif q[x] <= 0:                                            # q's support is used up: no more draws
+                continue
             else:
                 accept_prob = min(1.0, float(p[x] / q[x]))
             if _uniform(generator) < accept_prob:
                 nxt = child
                 break
-            if q is None:
+            if point:
                 p[x] = 0.0
             else:
                 p = torch.clamp_(p - q, min=0.0)
@@ -214,6 +218,13 @@ def accept_sampling(tokens, buf, logits: NodeLogits, sampling: SamplingConfig, g
             return path, sample(p.float(), generator)
         path.append(nxt)
         node = nxt
+
+
+def _children_q(draft_q, node: int, num_children: int) -> tuple[torch.Tensor | None, int]:
+    """(q of the node's drawn children as a float64 copy, or None; how many of its first children q drew)."""
+    got = None if draft_q is None else draft_q(node)
+    q, drawn = got if isinstance(got, tuple) else (got, num_children)
+    return (None, 0) if q is None else (q.double().clone(), drawn)
 
 
 ACCEPTANCE = {"greedy": accept_greedy, "typical": accept_typical, "sampling": accept_sampling}

@@ -19,6 +19,17 @@ from torch import nn
 from transformers import DynamicCache
 
 
+def reinit_linears(module: nn.Module, std: float) -> None:
+    """Every Linear under `module` re-initialised as the base model initialises its own: normal(0, std) weights,
+    zero biases (the draft layer copied from the base starts untrained)."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0.0, std)
+                if m.bias is not None:
+                    m.bias.zero_()
+
+
 class AutoregressiveDraft(nn.Module):
     """Subclasses set self.layers (nn.ModuleList of decoder layers, layer_idx 0..n-1 of their own cache), optionally
     self.norm, and implement inputs(). `taps` names the base states the module reads as features

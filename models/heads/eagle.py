@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-from models.heads.autoregressive import AutoregressiveDraft
+from models.heads.autoregressive import AutoregressiveDraft, reinit_linears
 
 
 class EagleModule(AutoregressiveDraft):
@@ -49,12 +49,7 @@ class EagleModule(AutoregressiveDraft):
             layer = copy.deepcopy(decoder.layers[-1]).to(device="cpu", dtype=torch.float32)
             layer.self_attn.layer_idx = 0                     # the only layer of its own cache
             layer.input_layernorm = nn.Identity()             # EAGLE-1: no input norm (its input is fc's output)
-            with torch.no_grad():
-                for module in layer.modules():
-                    if isinstance(module, nn.Linear):
-                        module.weight.normal_(0.0, std)
-                        if module.bias is not None:
-                            module.bias.zero_()
+            reinit_linears(layer, std)
         device = base_model.get_output_embeddings().weight.device
         return cls(fc, layer, base_model).to(device=device, dtype=torch.float32).train(False)
 

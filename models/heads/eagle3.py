@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from models.engine.taps import eagle3_taps
-from models.heads.autoregressive import AutoregressiveDraft
+from models.heads.autoregressive import AutoregressiveDraft, reinit_linears
 
 
 class Eagle3Layer(nn.Module):
@@ -49,12 +49,7 @@ class Eagle3Layer(nn.Module):
         for name in ("q_proj", "k_proj", "v_proj"):                      # q/k/v read 2h
             old = getattr(self.self_attn, name)
             setattr(self.self_attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    module.weight.normal_(0.0, std)
-                    if module.bias is not None:
-                        module.bias.zero_()
+        reinit_linears(self, std)
 
     def forward(self, x: torch.Tensor, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 position_embeddings=None, **kwargs) -> torch.Tensor:

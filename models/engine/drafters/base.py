@@ -27,7 +27,9 @@ import torch
 from models.engine.acceptance import SamplingConfig
 from models.engine.trees import TreeBuffers
 
-DraftQ = Callable[[int], torch.Tensor] | None     # draft_q(node) -> q [V] of the node's children, or None
+# draft_q(node) -> q [V] of the node's children, (q, drawn) when only its first `drawn` children were drawn from q
+# (the later ones are point masses: a prompt-lookup branch), or None (every child a point mass)
+DraftQ = Callable[[int], torch.Tensor | tuple[torch.Tensor, int] | None] | None
 
 
 @dataclass

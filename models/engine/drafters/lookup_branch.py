@@ -11,7 +11,10 @@ both in one forward. Each step the heads draft their tree and prompt lookup its 
 prompt_lookup.py); the chain is walked down the heads' tree from the root while its tokens equal a drafted
 child's, and what is left of it hangs below the last such node as a branch of its own. One forward verifies
 the union, so every acceptance rule that does not read the heads' q (greedy, typical, top-k drafts under
-lossless sampling: each child a point mass) stays what it is: greedy output equals the baseline's.
+lossless sampling: each child a point mass) stays what it is: greedy output equals the baseline's. Under
+lossless sampling with sampled heads' drafts, a node's drawn children keep their q and the lookup child
+(the last, by rank) is tried after them as a point mass (models/engine/acceptance.py), which is exact for
+whatever residual the drawn children leave; the union is then not cut (the rule needs every draw).
 
 With step_cost (conf/tree/dynamic_pld.yaml) the union is cut like tree=dynamic (drafters/cut.py): a heads
 node's probability is the heads' own along its path; a lookup node j tokens below the root has r_n ** j, r_n
@@ -33,7 +36,7 @@ from models.engine.drafters.prompt_lookup import PromptLookupDrafter
 from models.engine.drafters.tree import TreeDrafter
 from models.engine.trees import TreeBuffers, TreeSpec
 
-__all__ = ["LookupBranchDrafter", "merge_chain", "with_branch"]
+__all__ = ["LookupBranchDrafter", "merge_chain", "merged_q", "with_branch"]
 
 
 def merge_chain(children: list[list[int]], tokens: list[int], chain: list[int]) -> tuple[list[int], int]:
@@ -64,8 +67,7 @@ def with_branch(spec: TreeSpec, attach: int, k: int) -> tuple[TreeBuffers, torch
 
 class LookupBranchDrafter:
     """The heads' tree (TreeDrafter, uncut) with prompt lookup's chain merged in; step_cost: cut the union per
-    step by expected tokens per cost (see the module docstring). Drafts are deterministic: greedy or typical
-    acceptance, or sampling with top-k drafts."""
+    step by expected tokens per cost (see the module docstring); sampled heads' drafts keep the union uncut."""
 
     PRIOR = (1.0, 2.0)             # Laplace: a rate of 1/2 before any evidence
 
@@ -78,13 +80,11 @@ class LookupBranchDrafter:
         self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)
         self._accepted: list[int] = []                                      # last step's accepted drafts
         self.taps = self.tree.taps                                          # what the heads' proposer reads
+        self.cutting = self.step_cost is not None
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, ctx: DraftContext) -> None:
-        if ctx.sampling.samples_drafts:
-            raise ValueError("a prompt-lookup branch needs deterministic drafts: greedy or typical acceptance, or "
-                             "acceptance=sampling with draft='topk' (sampled heads' drafts carry a q that the "
-                             "lookup tokens do not have)")
+        self.cutting = self.step_cost is not None and not ctx.sampling.samples_drafts
         self.tree.start(ctx)
         self.lookup.start(ctx)
         self._pending, self._accepted = None, []
@@ -122,8 +122,8 @@ class LookupBranchDrafter:
     # -- drafting ------------------------------------------------------------------------------
     def draft(self, root: int, max_depth: int) -> Draft:
         self._score(root)
-        heads = self.tree.draft(root, max_depth)                             # q unused: deterministic drafts
-        buf, tokens = heads.buf, heads.tokens
+        heads = self.tree.draft(root, max_depth)
+        buf, tokens, draft_q = heads.buf, heads.tokens, heads.draft_q
         lookup = self.lookup.draft(root, max_depth)
         chain, n = lookup.tokens[1:].tolist(), lookup.extras["ngram"]
         if chain:
@@ -132,7 +132,7 @@ class LookupBranchDrafter:
         rest = chain[covered:]
         attach = through[-1] if through else 0
         probs = None
-        if self.step_cost is not None:
+        if self.cutting:
             probs = heads.node_probs.clone()                                 # [N] the heads' own, root 1
             r = self.rate(n) if chain else 0.0
             for j, node in enumerate(through, start=1):
@@ -140,13 +140,24 @@ class LookupBranchDrafter:
             probs = torch.cat([probs, torch.tensor([r ** (covered + k) for k in range(1, len(rest) + 1)])])
         if rest:
             merged, src = with_branch(buf.spec, attach, len(rest))
+            draft_q = None if draft_q is None else merged_q(draft_q, buf.children, src.tolist())
             buf, tokens = merged, torch.cat([tokens, tokens.new_tensor(rest)])[src]
             probs = None if probs is None else probs[src]
         if probs is not None and buf.num_tokens > 1:
             keep = cut_by_cost(probs.tolist(), self.step_cost)
             if len(keep) < buf.num_tokens:
                 buf, tokens, probs = buf.subtree(keep), tokens[list(keep)], probs[list(keep)]
-        return Draft(buf, tokens, None, probs, extras={"ngram": n})
+        return Draft(buf, tokens, draft_q, probs, extras={"ngram": n})
+
+
+def merged_q(heads_q, heads_children: list[list[int]], src: list[int]):
+    """The sampled heads' draft_q on the merged tree (node i is the heads' node src[i], or a lookup node when
+    src[i] is past the heads' nodes): a heads' node's q with the number of its children q drew (the lookup
+    child after them is a point mass); a lookup node's child is a point mass (None)."""
+    def q(node: int):
+        h = src[node]
+        return (heads_q(h), len(heads_children[h])) if h < len(heads_children) else None
+    return q
 
 
 @register_drafter("heads_lookup")
