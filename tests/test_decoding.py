@@ -37,15 +37,20 @@ def prompt_ids(tok, text="Tell me a story about a cat."):
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
-def random_heads(model, family, seed=0):
-    """Freshly built heads with every weight perturbed, so each family's code path matters."""
-    shared = family != "hydra"                            # both LM-head kinds: the base's (cpu profile) or own
-    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=4, share_lm_head=shared), model).eval()
+def perturbed(heads, seed: int = 0):
+    """heads with every weight moved by 0.05 x N(0, 1) from a seeded generator, so each code path matters (in place)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     return heads
+
+
+def random_heads(model, family, seed=0):
+    """Freshly built heads with every weight perturbed, so each family's code path matters."""
+    shared = family != "hydra"                            # both LM-head kinds: the base's (cpu profile) or own
+    heads = build_heads(HeadsConfig.for_base(model, family, num_heads=4, share_lm_head=shared), model).eval()
+    return perturbed(heads, seed)
 
 
 class OracleHeads(nn.Module):

@@ -17,6 +17,7 @@ from models.heads.draft_vocab import answer_token_counts, check_draft_ids, cover
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
+from tests.test_decoding import perturbed
 
 FAMILIES = ("medusa", "hydra", "hydra_pp")
 
@@ -63,11 +64,7 @@ def draft_heads(model, family, draft_ids, share=True, seed=0):
     config = HeadsConfig.for_base(model, family, num_heads=4, num_layers=2 if family == "hydra_pp" else 1,
                                   share_lm_head=share, draft_vocab_size=len(draft_ids))
     heads = build_heads(config, model, draft_ids).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return heads
+    return perturbed(heads, seed)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -31,6 +31,7 @@ from models.heads.hidden_cache import HiddenCache, cache_key
 from models.heads.training import MODULES, Recipe
 from models.measure.calibration import sequence_ranks
 from tests.test_decoding import TREES, cyclic_prompt
+from tests.test_eagle_heads import greedy_through
 from tests.test_training import examples, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -404,15 +405,8 @@ def test_greedy_eagle3_heads_equal_the_baseline(how):
     if how == "packed":                                        # as the evaluation runs: the base prepared too
         assert prepare_for_decoding(model)["packed_linears"] > 0
         assert prepare_heads_for_decoding(heads) == 9          # fc, q, k, v, o, gate, up, down and the LM head
-    ids = cyclic_prompt(model, tok)
-    base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
-    costs = [1.0 + 0.02 * n for n in range(80)]
-    drafter = {"tree": heads_drafter(heads, TREES["sparse64"]), "packed": heads_drafter(heads, TREES["sparse64"]),
-               "cut": heads_drafter(heads, TREES["sparse64"], step_cost=costs),
-               "lookup": make_drafter({"kind": "heads_lookup", "tree": TREES["chain4"], "lookup": {"num_tokens": 6}},
-                                      heads=heads)}[how]
+    res, base, drafter = greedy_through(how, model, tok, heads)
     assert drafter.taps == (2, 1, 1)
-    res = generate(model, tok, ids, drafter, max_new_tokens=40, stop_token_ids=[])
     assert res.new_tokens == base.new_tokens
     assert len(res.new_tokens) == 1 + sum(res.accept_lengths)
     if how == "lookup":

@@ -17,7 +17,7 @@ from models.heads import HeadsConfig, build_heads
 from models.heads.draft_vocab import most_frequent
 from models.heads.formats import export_heads, import_heads
 from pipelines.export import run_export
-from tests.test_decoding import prompt_ids
+from tests.test_decoding import perturbed, prompt_ids
 from tests.test_formats import make_heads, tiny  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,11 +33,7 @@ def eagle3_heads(model, vocab: str = "frequent", seed: int = 0):
     config = HeadsConfig.for_base(model, "eagle3", num_heads=3, share_lm_head=False,
                                   draft_vocab_size=None if ids is None else VD)
     heads = build_heads(config, model, ids).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return heads
+    return perturbed(heads, seed)
 
 
 def expected_shapes(model, vd: int) -> dict[str, tuple[int, ...]]:

@@ -79,6 +79,14 @@ def test_greedy_eagle_heads_equal_the_baseline(how):
     heads = eagle_heads(model, depths=4).eval()
     if how == "packed":
         assert prepare_heads_for_decoding(heads) >= 7          # q, k, v, o, gate, up, down (and fc, LM head)
+    res, base, _ = greedy_through(how, model, tok, heads)
+    assert res.new_tokens == base.new_tokens
+
+
+def greedy_through(how: str, model, tok, heads):
+    """(the answer through `how`'s drafter, the baseline's, the drafter) on a repetitive prompt, 40 tokens: "tree" and
+    "packed" the sparse64 tree, "cut" that tree cut per step by a CPU-like cost, "lookup" chain4 with prompt
+    lookup's chain merged in."""
     ids = cyclic_prompt(model, tok)
     base = generate(model, tok, ids, max_new_tokens=40, stop_token_ids=[])
     costs = [1.0 + 0.02 * n for n in range(80)]
@@ -86,8 +94,7 @@ def test_greedy_eagle_heads_equal_the_baseline(how):
                "cut": heads_drafter(heads, TREES["sparse64"], step_cost=costs),
                "lookup": make_drafter({"kind": "heads_lookup", "tree": TREES["chain4"], "lookup": {"num_tokens": 6}},
                                       heads=heads)}[how]
-    res = generate(model, tok, ids, drafter, max_new_tokens=40, stop_token_ids=[])
-    assert res.new_tokens == base.new_tokens
+    return generate(model, tok, ids, drafter, max_new_tokens=40, stop_token_ids=[]), base, drafter
 
 
 def test_calibration_ranks_eagle_along_its_own_drafts():

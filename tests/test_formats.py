@@ -15,7 +15,7 @@ from models.engine.trees import chain_tree
 from models.heads import HeadsConfig, build_heads
 from models.heads.formats import OUTSIDE_DRAFT_VOCAB, export_heads, import_heads
 from pipelines.export import run_export
-from tests.test_decoding import prompt_ids
+from tests.test_decoding import perturbed, prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,7 @@ def make_heads(model, family, *, shared, draft_vocab=None, num_layers=1, seed=0)
     config = HeadsConfig.for_base(model, family, num_heads=3, num_layers=num_layers, share_lm_head=shared,
                                   draft_vocab_size=draft_vocab)
     heads = build_heads(config, model, draft_ids=draft_ids).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return heads
+    return perturbed(heads, seed)
 
 
 def draft_distributions(heads, model):

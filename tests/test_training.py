@@ -24,6 +24,8 @@ from models.heads.hidden_cache import HiddenCache, cache_key
 from models.heads.fitting import fit_resumable
 from models.heads.training import IGNORE_INDEX, MODULES, Recipe, head_positions, resolve_precision
 from pipelines.prepare import FEATURES
+from tests.test_decoding import perturbed
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -148,11 +150,7 @@ def draft_heads(kind, model, draft_ids, dropout=0.0, share=True):
     config = HeadsConfig.for_base(model, fam, num_heads=3, num_layers=2 if fam == "hydra_pp" else 1, dropout=dropout,
                                   share_lm_head=share, draft_vocab_size=len(draft_ids))
     heads = build_heads(config, model, draft_ids)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():                                   # every weight matters, as after training
-        for p in heads.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return heads
+    return perturbed(heads, 0)                              # every weight matters, as after training
 
 
 @pytest.mark.parametrize("kind", ["medusa1", "hydra", "hydra_pp"])
