@@ -31,7 +31,7 @@ from models.heads.hidden_cache import HiddenCache, cache_key
 from models.heads.training import MODULES, Recipe
 from models.measure.calibration import sequence_ranks
 from tests.test_decoding import TREES, cyclic_prompt
-from tests.test_eagle_heads import greedy_through
+from tests.test_eagle_heads import greedy_through, ranks_checked
 from tests.test_training import examples, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -474,16 +474,8 @@ def test_calibration_ranks_eagle3_along_its_own_drafts_over_the_taps():
         logits = draft_logits(heads, torch.cat([hs[i] for i in DEEP_TAPS], -1), torch.tensor([ids]), 3)
         greedy = model.get_output_embeddings()(hs[-1][0]).argmax(-1).tolist()           # [T]: g_{s+1} at s
     assert greedy[start:-1] == ids[start + 1:]
-    checked = 0
-    for i, t in enumerate(range(start, len(ids) - 1)):
-        for d in range(1, 4):
-            if t + d >= len(ids):                        # the base's token after t+d is not known
-                assert ranks[i, d - 1] == -1
-                continue
-            top = heads.to_token_ids(logits[d - 1][t].topk(10).indices).tolist()
-            want = top.index(greedy[t + d]) if greedy[t + d] in top else 10
-            assert int(ranks[i, d - 1]) == want, (t, d)
-            checked += 1
+    top10 = lambda d, t: heads.to_token_ids(logits[d - 1][t].topk(10).indices).tolist()  # noqa: E731
+    checked = ranks_checked(ranks, ids, start, greedy, top10, depths=3)
     assert checked > 30 and len(set(ranks[ranks >= 0].tolist())) >= 5      # many ranks, not all K: a real check
 
 

@@ -111,17 +111,25 @@ def test_calibration_ranks_eagle_along_its_own_drafts():
         drafts = heads.eagle.unroll(hidden, torch.tensor([ids]), 3)
         greedy = model.get_output_embeddings()(hidden[0]).argmax(-1).tolist()    # [T]: g_{s+1} at s
     assert greedy[start:-1] == ids[start + 1:]
+    top10 = lambda d, t: heads.to_token_ids(heads.lm_head(0, drafts[d - 1][0, t]).topk(10).indices).tolist()  # noqa: E731
+    assert ranks_checked(ranks, ids, start, greedy, top10, depths=3) > 20
+
+
+def ranks_checked(ranks, ids: list[int], start: int, greedy: list[int], top10, depths: int) -> int:
+    """Asserts that ranks[i, d - 1] (position t = start + i, depth d) is the rank of the base's greedy token after t+d
+    among top10(d, t), the draft's 10 best token ids there (10 when it is not among them; -1 past the answer).
+    -> how many ranks were checked."""
     checked = 0
     for i, t in enumerate(range(start, len(ids) - 1)):
-        for d in range(1, 4):
+        for d in range(1, depths + 1):
             if t + d >= len(ids):                        # the base's token after t+d is not known
                 assert ranks[i, d - 1] == -1
                 continue
-            top = heads.to_token_ids(heads.lm_head(0, drafts[d - 1][0, t]).topk(10).indices).tolist()
+            top = top10(d, t)
             want = top.index(greedy[t + d]) if greedy[t + d] in top else 10
             assert int(ranks[i, d - 1]) == want, (t, d)
             checked += 1
-    assert checked > 20
+    return checked
 
 
 def test_the_train_stage_trains_eagle_from_its_config(stage_cfg, tmp_path):  # noqa: F811
