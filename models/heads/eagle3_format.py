@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.heads import HeadsConfig, build_heads, check_compatible
+from models.heads.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")   # vLLM registers both; SGLang the first
@@ -113,6 +114,11 @@ def _rope(config) -> tuple[float | None, dict | None]:
     return (None if theta is None else float(theta)), scaling
 
 
+def loaders_default_taps(num_layers: int) -> tuple[int, int, int]:
+    """The layers vLLM and SGLang tap when the config names none (unclamped, unlike models/engine/taps.py's)."""
+    return 2, num_layers // 2, num_layers - 3
+
+
 def _tap_fields(taps: tuple[int, ...]) -> dict:
     """The tapped layers as each loader reads them. Ours are transformers hidden_states indices (the input of
     layer i). vLLM reads a top-level `eagle_aux_hidden_state_layer_ids` in that convention; SGLang reads
@@ -145,7 +151,7 @@ def eagle3_config(heads, base_config, dtype: torch.dtype) -> dict:
 
 
 def _notes(heads, taps: tuple[int, ...], num_layers: int, dtype: torch.dtype) -> list[str]:
-    default = (2, num_layers // 2, num_layers - 3)
+    default = loaders_default_taps(num_layers)
     notes = [f"tapped layers {list(taps)} (hidden_states indices) written twice: eagle_aux_hidden_state_layer_ids "
              f"{list(taps)} for vLLM, eagle_config.eagle_aux_hidden_state_layer_ids {[i - 1 for i in taps]} for "
              "SGLang, which adds 1" + ("" if taps == default else
@@ -195,7 +201,7 @@ def _check_meta(meta: dict, base_config, taps: tuple[int, ...], where: Path) -> 
             "eagle_config.eagle_aux_hidden_state_layer_ids + 1": None if sglang_ids is None else
             [i + 1 for i in sglang_ids]}
     if vllm_ids is None and sglang_ids is None:
-        read = {"the loaders' default (2, L // 2, L - 3)": [2, L // 2, L - 3]}
+        read = {"the loaders' default (2, L // 2, L - 3)": loaders_default_taps(L)}
     for field, ids in read.items():
         if ids is not None and tuple(ids) != taps:
             raise ValueError(f"{where}: {field} = {list(ids)}, but eagle3 heads here read hidden states "
@@ -218,28 +224,17 @@ def _draft_ids(state: dict, vocab_size: int, where: Path) -> torch.Tensor | None
     return None if size == vocab_size and torch.equal(ids, torch.arange(size)) else ids
 
 
-def _check_embedding(state: dict, base_model, where: Path) -> None:
-    """An embed_tokens.weight in the file must be the base's (ours is always the base's, never saved)."""
-    embed = state.pop("embed_tokens.weight", None)
-    base = base_model.get_input_embeddings().weight.detach().cpu()
-    if embed is not None and (embed.shape != base.shape or not torch.equal(embed.to(base.dtype), base)):
-        raise ValueError(f"{where}: embed_tokens.weight is not this base model's embedding "
-                         f"({tuple(embed.shape)} against {tuple(base.shape)})")
-
-
 def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
     """eagle3 DraftHeads (`num_heads` depths measured) on `base_model` from a folder in this format; every key,
     shape and config field that does not fit is an error naming it."""
     check_base(base_model.config)
     folder = Path(folder)
-    for name in (CONFIG, WEIGHTS):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder / name} not found: an EAGLE-3 folder has {CONFIG} and {WEIGHTS}")
+    require_files(folder, (CONFIG, WEIGHTS), "EAGLE-3")
     meta = json.loads((folder / CONFIG).read_text())
     state = dict(load_file(str(folder / WEIGHTS)))
     where = folder / WEIGHTS
     draft_ids = _draft_ids(state, base_model.config.vocab_size, where)
-    _check_embedding(state, base_model, where)
+    check_embedding(state, base_model, where)
     config = HeadsConfig.for_base(base_model, family="eagle3", num_heads=num_heads, num_layers=1,
                                   share_lm_head=False, draft_vocab_size=None if draft_ids is None else len(draft_ids))
     check_compatible(config, base_model, source=str(folder))
@@ -247,11 +242,7 @@ def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
     _check_meta(meta, base_model.config, tuple(heads.family.draft_module(heads).taps), folder / CONFIG)
     expected = {to_file_key(k): v for k, v in heads.state_dict().items() if k != "draft_ids"}
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(state) if state[k].shape != expected[k].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(f"{where} is not an EAGLE-3 layer for this base: missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
+    check_keys(state, expected, where, "EAGLE-3")
     ours = {to_heads_key(k): v.to(expected[k].dtype) for k, v in state.items()}
     if draft_ids is not None:
         ours["draft_ids"] = heads.draft_ids

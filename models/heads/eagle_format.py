@@ -46,11 +46,34 @@ def write_eagle_module(module, base_model, folder: Path) -> list[str]:
     return [str(folder / WEIGHTS), str(folder / CONFIG)]
 
 
+# -- what reading an EAGLE layer's folder checks (this format's and eagle3_format's) ------------------------------
+def require_files(folder: Path, names: tuple[str, ...], what: str) -> None:
+    for name in names:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: an {what} folder has {' and '.join(names)}")
+
+
+def check_embedding(state: dict, base_model, where: Path) -> None:
+    """Pops embed_tokens.weight from `state`: when there, it must be the base's (ours is always the base's)."""
+    embed = state.pop("embed_tokens.weight", None)
+    base = base_model.get_input_embeddings().weight.detach().cpu()
+    if embed is not None and (embed.shape != base.shape or not torch.equal(embed.to(base.dtype), base)):
+        raise ValueError(f"{where}: embed_tokens.weight is not this base model's embedding "
+                         f"({tuple(embed.shape)} against {tuple(base.shape)})")
+
+
+def check_keys(state: dict, expected: dict, where: Path, what: str) -> None:
+    """`state` must have exactly `expected`'s keys, each of its shape."""
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or wrong:
+        raise ValueError(f"{where} is not an {what} layer for this base: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
+
+
 def read_eagle(folder: str | Path, base_model):
     folder = Path(folder)
-    for name in (CONFIG, WEIGHTS):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder / name} not found: an EAGLE folder has {CONFIG} and {WEIGHTS}")
+    require_files(folder, (CONFIG, WEIGHTS), "EAGLE")
     meta = json.loads((folder / CONFIG).read_text())
     state = dict(torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True))
     if int(meta.get("num_hidden_layers", 1)) != 1:
@@ -58,18 +81,10 @@ def read_eagle(folder: str | Path, base_model):
     config = HeadsConfig.for_base(base_model, family="eagle", num_heads=5, num_layers=1, share_lm_head=True)
     check_compatible(config, base_model, source=str(folder))
     heads = build_heads(config, base_model)
-    embed = state.pop("embed_tokens.weight", None)
-    base_embed = base_model.get_input_embeddings().weight.detach().cpu()
-    if embed is not None and (embed.shape != base_embed.shape or not torch.equal(embed.to(base_embed.dtype), base_embed)):
-        raise ValueError(f"{folder / WEIGHTS}: embed_tokens.weight is not this base model's embedding "
-                         f"({tuple(embed.shape)} against {tuple(base_embed.shape)})")
+    check_embedding(state, base_model, folder / WEIGHTS)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     module = heads.eagle
     expected = module.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong = [k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k].shape)]
-    if missing or unexpected or wrong:
-        raise ValueError(f"{folder / WEIGHTS} is not an EAGLE-1 layer for this base: missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
+    check_keys(state, expected, folder / WEIGHTS, "EAGLE-1")
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
     return heads.eval()
