@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut bench-joint conformance conformance-eagle install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -58,6 +58,11 @@ conformance-eagle: $(STAMP)
 # OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"
 bench-joint: $(STAMP)
 	$(BIN)/python -m pipelines.bench_joint heads=medusa2 $(OVERRIDES)
+
+# draft quality against training data: families retrained on the first N conversations into a probe folder
+# (after `make repro`); OVERRIDES e.g. "+scaling.heads=[hydra_pp,eagle3] +scaling.samples=[312,624]"
+bench-scaling: $(STAMP)
+	$(BIN)/python -m pipelines.bench_scaling +scaling.run=true $(OVERRIDES)
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000

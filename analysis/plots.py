@@ -6,6 +6,7 @@
     plot_accept_histogram(summary, "reports/accept_length_histogram.png")
     plot_speedup_vs_tree_size(summary, "reports/speedup_vs_tree_size.png")
     plot_calibration(rows, "reports/calibration.png")     # rows from analysis.tables.calibration_rows
+    plot_data_scaling(record, "reports/bench/data_scaling.png")   # record from pipelines.bench_scaling
 """
 from __future__ import annotations
 
@@ -173,4 +174,28 @@ def plot_comparisons(rows: list[dict], path, title: str = "") -> Path:
                 [r["interval"] for r in rows], colors)
     ax.set_xlabel("ratio A / B of mean per-question values (paired 95% bootstrap interval)")
     ax.set_title(title or "Paired comparisons (green: A ahead, red: B ahead, grey: no clear difference)", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_data_scaling(record: dict, path, budgets: tuple[str, ...] = ("4", "16")) -> Path:
+    """pipelines.bench_scaling's record: replayed accepted length against train targets (log2), one line per
+    family and budget (left), and each ratio to the first family (right)."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    for heads, fam in record["families"].items():
+        pts = list(fam["points"].values())
+        for ls, b in zip(("-", "--", ":"), budgets):
+            ax.plot([p["train_targets_head0"] for p in pts], [p["replay_accept_length"].get(b) for p in pts],
+                    marker="o", ls=ls, label=f"{heads}, {b} nodes")
+    for name, r in record["ratios"].items():
+        rows = list(r["by_data"].values())
+        for ls, b in zip(("-", "--", ":"), budgets):
+            bx.plot([x["train_targets_head0"] for x in rows], [x["by_budget"].get(b) for x in rows], marker="o",
+                    ls=ls, label=f"{name.replace('_over_', ' / ')}, {b} nodes")
+    bx.axhline(1.0, color="grey", lw=0.8)
+    for a, ylabel in ((ax, "replayed accepted tokens a step"), (bx, "ratio of accepted lengths")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("train targets (head-0 positions)")
+        a.set_ylabel(ylabel)
+        a.legend(fontsize=7)
+    fig.suptitle("Draft quality against training data (same val set, same epochs)", fontsize=9)
     return _save(fig, path)
