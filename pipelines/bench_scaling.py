@@ -10,7 +10,8 @@ own train@<heads> and calibrate@<heads>. With run=false (default) it only collec
 Reported per family and data size: the train targets seen (head-0 positions), val top-1 by depth, and the
 replayed accepted tokens a step on the greedy tree of each node budget (the calibration's held-out greedy
 continuations); then, for every other family against the first one, the ratio of replayed accepted lengths at
-each budget and its least-squares slope per doubling of the train targets. Writes reports/bench/data_scaling.json
+each budget, its least-squares slope per doubling of the train targets, and how many more doublings of the data
+that pace would take from the largest size to `target`. Writes reports/bench/data_scaling.json
 and reports/bench/data_scaling.png.
 
 Caveat the record repeats: the train set lists the self-distilled conversations first and the relabelled
@@ -30,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.plots import plot_data_scaling
 from pipelines.common import REPO_ROOT, log, stage, write_json
 
-DEFAULTS = {"heads": ["hydra_pp", "eagle3"], "samples": [312, 624], "root": "/tmp/scaling", "run": False}
+DEFAULTS = {"heads": ["hydra_pp", "eagle3"], "samples": [312, 624], "root": "/tmp/scaling", "run": False,
+            "target": 1.25}   # the ratio to the first family whose distance, in doublings of data, is reported
 
 
 def settings_of(cfg: DictConfig) -> dict:
@@ -118,7 +120,13 @@ def collect(cfg: DictConfig, s: dict) -> dict:
             a, b = families[other][key]["replay_accept_length"], families[ref][key]["replay_accept_length"]
             rows[key] = {"train_targets_head0": families[ref][key]["train_targets_head0"],
                          "by_budget": {bud: round(a[bud] / b[bud], 4) for bud in b if bud in a}}
-        ratios[f"{other}_over_{ref}"] = {"by_data": rows, "slope_per_doubling": slopes(rows)}
+        slope = slopes(rows)
+        last = rows[max(rows, key=lambda k: rows[k]["train_targets_head0"])]["by_budget"] if rows else {}
+        ratios[f"{other}_over_{ref}"] = {
+            "by_data": rows, "slope_per_doubling": slope,
+            # at the fitted pace, from the largest data size: None where the ratio does not grow
+            f"doublings_to_{s['target']}": {b: round(max(0.0, (s["target"] - last[b]) / slope[b]), 1)
+                                            if slope[b] and slope[b] > 0 else None for b in slope}}
     summary = {heads: {"points": pts, "slope_per_doubling": slopes(
         {k: {"train_targets_head0": p["train_targets_head0"], "by_budget": p["replay_accept_length"]}
          for k, p in pts.items()})} for heads, pts in families.items()}
@@ -126,7 +134,7 @@ def collect(cfg: DictConfig, s: dict) -> dict:
                     "val top-1 by depth, each family trained on the first N train conversations and on all of them",
             "caveat": "the train set lists self-distilled conversations first and relabelled ShareGPT ones last: "
                       "subsets of the first N hold only self-distilled rows",
-            "command": "python -m pipelines.bench_scaling " + " ".join(
+            "command": "python -m pipelines.bench_scaling +scaling.run=true " + " ".join(
                 f"+scaling.{k}={json.dumps(v).replace(' ', '')}" for k, v in s.items() if k != "run"),
             "families": summary, "ratios": ratios}
 
@@ -146,7 +154,8 @@ def main(cfg: DictConfig) -> None:
         for key, row in r["by_data"].items():
             print(f"{name}, {key} ({row['train_targets_head0']} targets): "
                   + ", ".join(f"{b} nodes {v:.3f}x" for b, v in row["by_budget"].items()))
-        print(f"{name}: slope per doubling of data {r['slope_per_doubling']}")
+        key = f"doublings_to_{s['target']}"
+        print(f"{name}: slope per doubling of data {r['slope_per_doubling']}; {key} {r[key]}")
     print(f"wrote {path}")
 
 

@@ -39,6 +39,8 @@ def test_collect_ratios_and_slopes(tmp_path):
     ratio = record["ratios"]["new_over_ref"]
     assert ratio["by_data"]["all"]["by_budget"] == {"4": pytest.approx(1.6 / 1.5, abs=1e-4), "16": 1.0}
     assert ratio["slope_per_doubling"]["4"] == pytest.approx(0.1 / 1.5, abs=1e-3)
+    # from 1.067x at the full data, 0.067 a doubling: 2.75 doublings to 1.25x; a flat ratio never gets there
+    assert ratio["doublings_to_1.25"] == {"4": pytest.approx(2.75, abs=0.06), "16": None}
     assert "+scaling.samples=[100,200]" in record["command"]
     assert plot_data_scaling(record, tmp_path / "scaling.png").stat().st_size > 0
 
