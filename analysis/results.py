@@ -119,6 +119,31 @@ def single_runs_section(runs: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+def step_cost_rows(summary: dict) -> list[dict]:
+    """Per method, pooled over its questions (decode only, the prefill left out): tokens a step, what one step costs
+    in baseline steps (drafting, the wider verify, bookkeeping) and the speedup they make, tokens / cost."""
+    rows = []
+    for name, m in summary.get("methods", {}).items():
+        pq = [q for q in (m.get("per_question") or {}).values() if q.get("steps") and q.get("decode_time")]
+        if m.get("kind") not in ("heads", *PLD_KINDS) or not pq:
+            continue
+        steps, time, tokens = (sum(q[k] for q in pq) for k in ("steps", "decode_time", "decode_tokens"))
+        base_time, base_tokens = sum(q["base_decode_time"] for q in pq), sum(q["base_decode_tokens"] for q in pq)
+        cost = (time / steps) / (base_time / base_tokens)
+        rows.append({"method": name, "questions": len(pq), "tokens_per_step": tokens / steps, "step_cost": cost,
+                     "step_ms": 1000 * time / steps, "base_step_ms": 1000 * base_time / base_tokens,
+                     "decode_speedup": tokens / steps / cost})
+    return rows
+
+
+def step_cost_table(rows: list[dict]) -> str:
+    lines = ["| Method | Questions | Tokens a step | Step (ms) | Baseline step (ms) | Step cost (baseline steps) "
+             "| Decode speedup (tokens / cost) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['questions']} | {r['tokens_per_step']:.2f} | {r['step_ms']:.1f} | "
+              f"{r['base_step_ms']:.1f} | {r['step_cost']:.2f} | {r['decode_speedup']:.2f}x |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
                      conformance: dict | None = None) -> str:
@@ -169,6 +194,14 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
                   "Methods run on their own (`evaluate_selected`), each beside the baseline and its peers in the same "
                   "process; their speedups compare within a run, not with the tables above.", "",
                   single_runs_section(single_runs)]
+    costs = step_cost_rows(summary)
+    if costs:
+        parts += ["## Where the speedup comes from: tokens a step and step cost", "",
+                  "The main run, decode only (the prefill left out), pooled over each method's questions: all its "
+                  "decode time over all its steps, against the baseline's time per token on the same questions. "
+                  "The speedup is the tokens a step divided by that cost, so a method that accepts more tokens than "
+                  "another is still slower when its drafting and wider verify cost more.", "",
+                  step_cost_table(costs)]
     if conformance:
         parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
     m2 = medusa2_section(summary, train, (single_runs or {}).get("medusa2-optimal"))

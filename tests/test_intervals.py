@@ -5,7 +5,7 @@ import pytest
 
 from analysis.claims import claim_rows
 from analysis.comparisons import compare, standard_comparisons
-from analysis.results import results_markdown
+from analysis.results import results_markdown, step_cost_rows
 from models.measure.benchmark import TurnRecord, speedup, summarize_method
 from models.measure.intervals import (bootstrap_interval, bootstrap_ratio_interval, interval_of_mean,
                                       paired_comparison, verdict)
@@ -204,3 +204,14 @@ def test_a_run_of_its_own_is_paired_by_question_with_the_main_run():
                                                   "recipe": {}}}, single_runs={"medusa2-optimal": own})
     assert "Medusa-2 in a run of its own (`medusa2-optimal`, 16 questions)" in text
     assert "accepted length 2.00x (2.00 to 2.00), ahead on 16 of 16" in text
+
+
+def test_step_cost_is_pooled_decode_time_per_step_over_the_baselines_time_per_token():
+    summary = _summary()
+    rows = {r["method"]: r for r in step_cost_rows(summary)}
+    # hydra-sparse64 emits 3 tokens a step at about 0.7x the baseline's speed: a step costs about 3 / 0.7 baseline steps
+    hydra = rows["hydra-sparse64"]
+    assert hydra["tokens_per_step"] == pytest.approx(3, abs=0.05) and hydra["step_cost"] == pytest.approx(3 / 0.7, rel=0.05)
+    assert all(r["decode_speedup"] == pytest.approx(r["tokens_per_step"] / r["step_cost"]) for r in rows.values())
+    assert rows["pld"]["step_cost"] == pytest.approx(1 / 1.3, rel=0.05)
+    assert "## Where the speedup comes from" in results_markdown(summary, {})
