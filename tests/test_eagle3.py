@@ -28,7 +28,7 @@ from models.heads.eagle3 import Eagle3Layer, Eagle3Module
 from models.heads.fitting import fit_resumable
 from models.heads.head_data import HeadsDataset, conversation_loader
 from models.heads.hidden_cache import HiddenCache, cache_key
-from models.heads.training import MODULES, Recipe
+from models.heads.training import MODULES, Recipe, head_positions
 from models.measure.calibration import sequence_ranks
 from tests.test_decoding import TREES, cyclic_prompt
 from tests.test_eagle_heads import greedy_through, ranks_checked
@@ -356,6 +356,30 @@ def test_the_eagle3_recipe_is_a_decayed_soft_cross_entropy_per_unrolled_depth(tm
                     continue
                 torch.testing.assert_close(item[1], ref[k][0], rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(float(item[0]), soft_ce[k] if k < unroll else 0.0, rtol=1e-5, atol=1e-6)
+
+
+def test_the_draft_vocab_mask_drops_labels_outside_the_draft_vocabulary_from_the_loss_only(tmp_path):
+    """recipe.draft_vocab_mask (the authors' EAGLE-3): in training, depth k's soft cross-entropy averages only the
+    positions whose label the draft vocabulary holds; validation and the per-depth logits count every position."""
+    model, tok = build_tiny_model(seed=0)
+    _, val = taps_loaders(tok, model, tmp_path / "cache", n_train=1)
+    batch = next(iter(val))
+    heads = eagle3_heads(model, depths=3, vocab=model.config.vocab_size // 4, noise=0.05)
+    with torch.no_grad():
+        ref = per_depth(heads, batch, 3)
+    ce = [-(base.softmax(-1) * draft.log_softmax(-1)).sum(-1) for draft, base in ref]           # per row
+    inside = [heads.to_draft_index(head_positions(batch["labels"], k)[2]) >= 0 for k in range(3)]
+    assert all(0 < int(m.sum()) < len(m) for m in inside)                       # both kinds of rows in every depth
+    recipe = Recipe(kind="eagle3", feature_loss_weight=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0,
+                    feature_noise=0.0, unroll=3, draft_vocab_mask=True)
+    module = MODULES["eagle3"](heads, model, recipe)
+    for training, keep in ((True, inside), (False, [torch.ones_like(m) for m in inside])):
+        module.train(training)
+        with torch.no_grad():
+            loss, per_head, _ = module.compute(batch)
+        want = sum(0.8 ** k * float(ce[k][keep[k]].mean()) for k in range(3))
+        torch.testing.assert_close(float(loss), want, rtol=1e-5, atol=1e-6)
+        assert all(item[1].shape[0] == len(inside[k]) for k, item in enumerate(per_head))   # metrics: every row
 
 
 def test_eagle3_heads_learn_every_unrolled_depth_and_reload_identically(tmp_path):

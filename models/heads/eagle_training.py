@@ -17,9 +17,10 @@ EAGLE-1 is unroll=1 (its own inputs are always the base's features, with uniform
 the deeper depths on the layer's own predictions, as EAGLE-3's training-time test does. EAGLE-3 reads the base's
 taps (the hidden cache holds them after the final state: base_hidden), its LM head reads module.readout(pred)
 (its final norm), and its recipe has no feature loss: each depth a soft cross-entropy to the base's distribution
-over the draft vocabulary (the authors also drop positions whose base argmax is outside the draft vocabulary;
-here they count, with the teacher renormalised over the draft vocabulary as theirs is). Validation measures
-all num_heads depths whatever unroll is.
+over the draft vocabulary, renormalised there as the authors' is. With recipe.draft_vocab_mask the positions
+whose label (on distilled data the base's own greedy token) lies outside the draft vocabulary carry no loss, as
+the authors drop those whose base argmax does: the draft can never propose that token. Validation measures all
+num_heads depths whatever unroll is, every position counted.
 """
 from __future__ import annotations
 
@@ -54,19 +55,24 @@ class AutoregressiveFitModule(HeadsModule):
             logits = heads.lm_head(0, heads.dropout(module.readout(pred)))             # [N, Vd]
             loss_k = logits.new_zeros(())
             if k < r.unroll:
-                if r.feature_loss_weight:
+                if r.draft_vocab_mask and self.training:       # the loss only: metrics count every position
+                    keep = heads.to_draft_index(target) >= 0
+                    pred, feature, scores, labels = pred[keep], feature[keep], logits[keep], target[keep]
+                else:
+                    scores, labels = logits, target
+                if r.feature_loss_weight and len(labels):
                     feature_loss = F.smooth_l1_loss(pred.float(), feature.float())
                     loss_k = loss_k + r.feature_loss_weight * feature_loss
                     extra[f"feature_loss_head{k}"] = feature_loss.detach()
-                if r.teacher_loss_weight:
+                if r.teacher_loss_weight and len(labels):
                     with torch.no_grad():
                         teacher = heads.base_draft_logits(feature)                      # [N, Vd]
-                    loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(logits, teacher)
+                    loss_k = loss_k + r.teacher_loss_weight * soft_cross_entropy(scores, teacher)
                 if r.lm_loss_weight:
-                    index = heads.to_draft_index(target)
+                    index = heads.to_draft_index(labels)
                     inside = index >= 0
                     if inside.any():
-                        loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(logits[inside].float(), index[inside])
+                        loss_k = loss_k + r.lm_loss_weight * F.cross_entropy(scores[inside].float(), index[inside])
                 total = total + r.head_weight(k) * loss_k
             per_head.append((loss_k.detach(), logits.detach(), target))
         return total, per_head, extra

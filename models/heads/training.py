@@ -57,6 +57,7 @@ class Recipe:
     feature_loss_weight: float = 0.0    # EAGLE: SmoothL1 of the predicted feature to the base's
     feature_noise: float = 0.0          # EAGLE: width of the uniform noise on the input features while training
     unroll: int = 1                     # EAGLE: depths trained (>1: each on the draft's own predicted features)
+    draft_vocab_mask: bool = False      # EAGLE-3: positions whose label lies outside the draft vocabulary carry no loss
 
     def __post_init__(self):
         if self.kind not in RECIPES:
