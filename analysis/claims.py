@@ -171,6 +171,25 @@ def _eagle_rows(runs: dict[str, dict], summary: dict) -> list[dict | None]:
     return rows
 
 
+SPS_RUN = SPS_METHOD = "sps-optimal"   # the run that judges the draft model, and its method: the calibrated tree
+SPS_PUBLISHED = "SpS 1.52x (Spec-Bench: Vicuna-7B with a 68M draft model, A100)"
+
+
+def _sps_row(run: dict | None) -> dict | None:
+    """The draft model's speedup over its run's baseline, with transformers' assisted generation (the same draft
+    model) and the accepted lengths as the reason."""
+    m = (run or {}).get("methods", {}).get(SPS_METHOD)
+    if not (m and m.get("speedup_ci")):
+        return None
+    hf, v = run["methods"].get("sps_hf") or {}, _verdict(*m["speedup_ci"])
+    reason = f"{m['accept_length']:.2f} tokens accepted a step" + (
+        f"; transformers' assisted generation with the same draft model {hf['speedup']:.2f}x "
+        f"({fmt_interval(hf.get('speedup_ci'))})" if hf.get("speedup") else "")
+    return _row("A draft model (SpS) speeds decoding up", SPS_PUBLISHED,
+                f"{m['speedup']:.2f}x ({fmt_interval(m['speedup_ci'])}), {m.get('questions')} questions, run {SPS_RUN}",
+                v, reason if v != "reproduced" else "")
+
+
 def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                single_runs: dict[str, dict] | None = None) -> list[dict]:
     """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out);
@@ -194,6 +213,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
                     "the tree over a chain in Medusa's ablation (A100; no single figure)", "medusa1-sparse64",
                     "medusa1-chain4", why=_tree_reason(summary, latency))]
     rows += _eagle_rows(single_runs or {}, summary)
+    rows.append(_sps_row((single_runs or {}).get(SPS_RUN)))
     return [r for r in rows if r is not None]
 
 

@@ -215,3 +215,18 @@ def test_step_cost_is_pooled_decode_time_per_step_over_the_baselines_time_per_to
     assert all(r["decode_speedup"] == pytest.approx(r["tokens_per_step"] / r["step_cost"]) for r in rows.values())
     assert rows["pld"]["step_cost"] == pytest.approx(1 / 1.3, rel=0.05)
     assert "## Where the speedup comes from" in results_markdown(summary, {})
+
+
+def test_the_draft_model_claim_is_judged_on_its_own_runs_interval():
+    def run(lo, hi):
+        return {"tag": "sps-optimal", "methods": {
+            "sps-optimal": {"speedup": (lo + hi) / 2, "speedup_ci": [lo, hi], "accept_length": 1.4, "questions": 80},
+            "sps_hf": {"speedup": 0.65, "speedup_ci": [0.63, 0.67], "accept_length": 1.3, "questions": 80}}}
+    summary = _summary()
+    rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"sps-optimal": run(0.89, 0.95)})}
+    sps = rows["A draft model (SpS) speeds decoding up"]
+    assert sps["verdict"] == "reversed" and "0.92x (0.89 to 0.95)" in sps["ours"]
+    assert "assisted generation with the same draft model 0.65x (0.63 to 0.67)" in sps["reason"]
+    rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"sps-optimal": run(1.1, 1.3)})}
+    assert rows["A draft model (SpS) speeds decoding up"]["verdict"] == "reproduced"
+    assert "A draft model (SpS) speeds decoding up" not in {r["claim"] for r in claim_rows(summary)}
