@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def run_one(cfg: DictConfig, heads: str, n: int, root: str) -> None:
         src, dst = main / rel, f["results"] / rel
         if src.exists() and not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
     steps = [("train", f["reports"] / "metrics" / f"train_{heads}.json"),
              ("calibrate", f["results"] / "calibrate" / heads / "calibration.json")]
     for name, done in steps:

@@ -65,3 +65,23 @@ def test_bad_settings_name_the_value():
     cfg = OmegaConf.create({"scaling": {"samples": [0, 10]}})
     with pytest.raises(ValueError, match=r"scaling.samples=\[0, 10\]"):
         B.settings_of(cfg)
+
+
+def test_run_one_reuses_the_base_model_caches_and_skips_finished_steps(tmp_path, monkeypatch):
+    main = tmp_path / "main"
+    (main / "cache" / "calibrate").mkdir(parents=True)
+    (main / "cache" / "calibrate" / "continuations.json").write_text("{}")
+    (main / "calibrate").mkdir()
+    (main / "calibrate" / "latency.json").write_text("{}")
+    calls = []
+    monkeypatch.setattr(B.subprocess, "run", lambda args, **kw: calls.append(args[2:4]))
+    cfg = OmegaConf.create({"paths": {"results": str(main)}})
+    B.run_one(cfg, "eagle3", 10, str(tmp_path / "probe"))
+    f = B.folders(str(tmp_path / "probe"), 10)
+    assert (f["results"] / "cache" / "calibrate" / "continuations.json").is_file()
+    assert (f["results"] / "calibrate" / "latency.json").is_file()
+    assert calls == [["pipelines.train", "heads=eagle3"], ["pipelines.calibrate", "heads=eagle3"]]
+    add_point(f["results"], f["reports"], "eagle3", 1000, {4: 1.5})        # both steps' outputs now exist
+    calls.clear()
+    B.run_one(cfg, "eagle3", 10, str(tmp_path / "probe"))
+    assert calls == []
