@@ -100,20 +100,14 @@ def slopes(rows: dict) -> dict:
 
 
 def collect(cfg: DictConfig, s: dict) -> dict:
+    sources = {**{str(n): folders(s["root"], n) for n in s["samples"]},                 # the probe's runs
+               "all": {"results": Path(cfg.paths.results), "reports": Path(cfg.paths.reports)}}   # the pipeline's
     families = {}
     for heads in s["heads"]:
-        pts = {}
-        for n in s["samples"]:
-            f = folders(s["root"], n)
-            p = point(f["reports"] / "metrics" / f"train_{heads}.json",
-                      f["results"] / "calibrate" / heads / "calibration.json")
-            if p:
-                pts[str(n)] = p
-        full = point(Path(cfg.paths.reports) / "metrics" / f"train_{heads}.json",
-                     Path(cfg.paths.results) / "calibrate" / heads / "calibration.json")
-        if full:
-            pts["all"] = full
-        families[heads] = dict(sorted(pts.items(), key=lambda kv: kv[1]["train_targets_head0"]))
+        pts = {key: point(f["reports"] / "metrics" / f"train_{heads}.json",
+                          f["results"] / "calibrate" / heads / "calibration.json") for key, f in sources.items()}
+        families[heads] = dict(sorted(((k, p) for k, p in pts.items() if p),
+                                      key=lambda kv: kv[1]["train_targets_head0"]))
     ref, ratios = s["heads"][0], {}
     for other in s["heads"][1:]:
         rows = {}
