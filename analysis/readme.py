@@ -58,13 +58,20 @@ def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
     return rows
 
 
+def ties_note(metrics: dict) -> str:
+    """", up to N float ties (...)" when the run reported ties (models/measure/lossless.py), else nothing."""
+    summary = metrics.get("lossless_summary") or "lossless"
+    return "" if summary == "lossless" else ", " + summary.removeprefix("lossless ")
+
+
 def headline_block(metrics: dict, single_runs: dict[str, dict] | None = None) -> str:
     lines = [START, "",
              f"{metrics.get('num_questions')} MT-Bench questions, {metrics.get('max_new_tokens')} new tokens, greedy, "
              f"batch 1; the baseline decoded {metrics.get('baseline_tokens_per_s', 0):.1f} tokens/s. Speedup: mean "
              "per-question tokens/s over the baseline's (Spec-Bench), with its 95% bootstrap interval over questions. "
              f"Lossless: {'every' if metrics.get('lossless') else 'NOT every'} one of "
-             f"{metrics.get('lossless_checked_turns')} greedy answers equals the baseline's token for token.", "",
+             f"{metrics.get('lossless_checked_turns')} greedy answers equals the baseline's token for token"
+             f"{ties_note(metrics)}.", "",
              "| method | questions | speedup (95% interval) | accepted tokens a step (95% interval) |",
              "|---|---|---|---|"]
     for label, m in headline_rows(metrics):

@@ -103,7 +103,7 @@ def single_runs_section(runs: dict[str, dict]) -> str:
     the peers it is run with, e.g. the draft model beside transformers' assisted generation)."""
     out = []
     for tag, r in sorted(runs.items()):
-        lossless = "lossless" if r.get("lossless") else "NOT lossless"
+        lossless = (r.get("lossless_summary") or "lossless") if r.get("lossless") else "NOT lossless"
         out += [f"`{tag}`: {r.get('num_questions')} questions, {r.get('max_new_tokens')} new tokens, baseline "
                 f"{r.get('baseline_tokens_per_s', float('nan')):.1f} tokens/s, {r.get('lossless_checked_turns')} greedy "
                 f"turns checked, {lossless}.", "",
@@ -165,7 +165,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         f"{s.get('max_new_tokens')} new tokens, {s.get('repeats')} run(s), {s.get('temperature_mode')} decoding, batch 1; "
         "every method of a question runs back to back in one process, in an order rotated from question to question. "
         f"Lossless: {'yes' if summary.get('lossless') else 'NO'} (every greedy answer equals its autoregressive "
-        "reference token for token).",
+        f"reference token for token; {summary.get('lossless_summary') or 'lossless'}).",
         "",
         "Intervals: 95% percentile bootstrap over questions (10,000 resamples). Speedup (Spec-Bench, the headline "
         "figure everywhere): mean per-question tokens/s over the baseline's; mean of per-question ratios: each "

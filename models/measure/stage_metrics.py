@@ -1,6 +1,8 @@
 """reports/metrics/evaluate*.json from an evaluation summary: the figures DVC tracks and the tables read."""
 from __future__ import annotations
 
+from models.measure.lossless import tie_summary
+
 
 def metrics_of(summary: dict, lossless: dict, per_question: bool = False) -> dict:
     """reports/metrics/evaluate*.json: per method both speedups, and the stronger prompt lookup (pld or
@@ -34,6 +36,7 @@ def metrics_of(summary: dict, lossless: dict, per_question: bool = False) -> dic
     best = max(plds, key=lambda n: summary["methods"][n]["speedup"]["mean"], default=None)
     return {"tag": summary["tag"], "lossless": lossless["passed"],
             "lossless_checked_turns": sum(v["checked_turns"] for v in lossless.get("methods", {}).values()),
+            "lossless_ties": len(lossless.get("ties", [])), "lossless_summary": tie_summary(lossless),
             "interval": "95% percentile bootstrap over questions (10,000 resamples); speedup: mean per-question "
                         "throughput over the baseline's (Spec-Bench), speedup_mean_of_ratios: mean of per-question "
                         "ratios, speedup_pooled: summed tokens over summed time",
