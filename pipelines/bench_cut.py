@@ -23,6 +23,7 @@ from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for
 from models.heads import ADAPTER_DIR, load_heads
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import load_model, log, stage, write_json
 from pipelines.evaluate import stop_token_ids
 from pipelines.methods import resolve_tree, step_cost_for, tree_config

@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
             "competitors": [2, 1], "competitor_size": 512, "repeats": 2, "new_tokens": 64, "prompt_tokens": 520,

@@ -29,6 +29,7 @@ from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import CONF_DIR, load_model, log, stage, write_json
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,

@@ -41,6 +41,7 @@ from models.measure.conformance import (accepted_counts, compare_steps, medusa_v
                                         seeded_medusa_heads)
 from models.measure.calibration import cpu_model
 from models.measure.mtbench import chat_input_ids, load_questions
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import REPO_ROOT, write_json
 
 VENV = REPO_ROOT / ".venv-conformance"

@@ -26,6 +26,7 @@ from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.engine.drafters import make_drafter
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.methods import pld_settings, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 

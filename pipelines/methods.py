@@ -21,6 +21,7 @@ from models.engine.trees import TreeSpec, tree_from_config
 from models.heads import ADAPTER_DIR, load_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import REPO_ROOT, log
 
 METHOD_MODES = ("auto", "all", "selected")

@@ -74,3 +74,36 @@ def test_the_library_imports_no_pipeline_or_experiment_tool():
     offenders = [f"{module_name(p)} imports {m}" for p in MODELS.rglob("*.py") for m in imports_of(p)
                  if m.split(".")[0] in banned]
     assert not offenders, offenders
+
+
+def package_of(module: str) -> str:
+    """models.engine.drafters.tree -> models.engine; models.base -> models.base (a module of models/ itself)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The library's subpackages (models.engine, models.heads, models.measure, ...) and which import which: an edge
+    for every import of one module by another across two subpackages."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in library_graph().items():
+        graph.setdefault(package_of(module), set()).update(
+            package_of(m) for m in imported if package_of(m) != package_of(module))
+    return graph
+
+
+def test_the_libraries_packages_form_no_cycle_and_the_engine_imports_no_method():
+    """Package level, not module level: models.heads importing the engine while one engine module imports
+    models.heads is a cycle between the packages even where no two modules import each other. The engine
+    (models/engine) imports only itself and the library's base modules (models.base, models.hardware): a method
+    (models/heads: Medusa, Hydra, EAGLE, the draft model) reaches it by registering its proposer."""
+    graph = package_graph()
+    assert {"models.engine", "models.heads", "models.measure"} <= set(graph)
+    assert find_cycle(graph) is None, f"import cycle between packages: {' -> '.join(find_cycle(graph))}"
+    assert graph["models.engine"] <= {"models.base", "models.hardware"}, graph["models.engine"]
+
+
+def test_the_library_uses_no_relative_import():
+    """Relative imports would slip past the checks above (they resolve only at run time)."""
+    relative = [f"{module_name(p)}: from {'.' * n.level}{n.module or ''}" for p in MODELS.rglob("*.py")
+                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom) and n.level > 0]
+    assert not relative, relative

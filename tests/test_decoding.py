@@ -18,9 +18,10 @@ from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
 from models.heads import HeadsConfig, build_heads
 from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
-from models.engine.drafters import (DraftContext, HeadsDrafter, NgramIndex, PromptLookupDrafter, TreeDrafter,
+from models.engine.drafters import (DraftContext, NgramIndex, PromptLookupDrafter, TreeDrafter,
                                     cut_by_cost, heads_drafter)
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
+from tests.proposals import started
 from pipelines.common import REPO_ROOT
 
 
@@ -302,10 +303,9 @@ def test_hydra_pp_prefix_state_is_incremental():
     heads = random_heads(model, "hydra_pp", seed=1)
     hidden = torch.randn(20, model.config.hidden_size)
     with torch.inference_mode():
-        drafter = HeadsDrafter(heads)
-        drafter.start(hidden[:9], SamplingConfig())
-        drafter.advance(hidden[9:10], 9)
-        drafter.advance(hidden[10:20], 10)
+        drafter = started(heads, hidden[:9])
+        drafter.advance(hidden[9:10], [], 9)
+        drafter.advance(hidden[10:20], [], 10)
         full = heads.prefix_forward(hidden[None], torch.arange(20)[None])[0, -1]
     assert drafter.prefix_cache.get_seq_length() == 20
     torch.testing.assert_close(drafter.h, full, rtol=1e-4, atol=1e-5)

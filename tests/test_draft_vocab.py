@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.engine.drafters import HeadsDrafter, heads_drafter
+from models.engine.drafters import heads_drafter
+from tests.proposals import propose, started
 from models.engine.acceptance import SamplingConfig, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
@@ -126,15 +127,14 @@ def test_drafts_hold_only_draft_vocabulary_tokens(family):
     heads = draft_heads(model, family, ids, share=family != "hydra")
     buf = TreeBuffers.build(sparse64())                                   # up to 10 ranks per node
     for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, acceptance="sampling", seed=0)):
-        drafter = HeadsDrafter(heads)
+        gen = torch.Generator().manual_seed(0)
         with torch.inference_mode():
-            drafter.start(torch.randn(6, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
-            tokens, _, _ = drafter.draft(5, buf)
+            drafter = started(heads, torch.randn(6, model.config.hidden_size), sampling, gen)
+            tokens, _, _ = propose(drafter, 5, buf, sampling, gen)
         assert torch.isin(tokens[1:], ids).all()
-    drafter = HeadsDrafter(draft_heads(model, family, ids[:4]))
-    drafter.start(torch.randn(6, model.config.hidden_size), SamplingConfig())
-    with pytest.raises(ValueError, match="ranks per node but the heads score only 4 tokens"):
-        drafter.draft(5, buf)
+    drafter = started(draft_heads(model, family, ids[:4]), torch.randn(6, model.config.hidden_size))
+    with pytest.raises(ValueError, match="ranks per node but the draft scores only 4 tokens"):
+        propose(drafter, 5, buf)
 
 
 def fit_heads(model, heads, seq, start, steps=30, lr=3e-2):
@@ -197,9 +197,9 @@ def test_sampled_drafts_q_is_a_full_vocabulary_distribution_zero_outside(family)
     outside = torch.ones(V, dtype=torch.bool)
     outside[ids] = False
     with torch.inference_mode():
-        drafter = HeadsDrafter(heads)
-        drafter.start(torch.randn(5, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
-        tokens, draft_q, _ = drafter.draft(7, buf)
+        gen = torch.Generator().manual_seed(0)
+        drafter = started(heads, torch.randn(5, model.config.hidden_size), sampling, gen)
+        tokens, draft_q, _ = propose(drafter, 7, buf, sampling, gen)
         for node in buf.parent_list:
             q = draft_q(node)
             assert q.shape == (V,) and float(q.sum()) == pytest.approx(1.0, abs=1e-5)

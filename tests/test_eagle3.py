@@ -236,15 +236,21 @@ def test_every_decode_step_drafts_what_unroll_computes_over_the_same_taps(kind):
     drafter = make_drafter({"kind": kind, "tree": one_token_per_draft_vocabulary_tree(len(draft_ids)),
                             "lookup": {"num_tokens": 4}}, heads=heads)
     assert drafter.taps == DEEP_TAPS
-    proposer, calls = (drafter.proposer if kind == "heads" else drafter.tree.proposer), []
-    propose = proposer.propose
+    tree = drafter if kind == "heads" else drafter.tree                 # the tree drafter (uncut, before lookup)
+    proposer, calls, drafts = tree.proposer, [], []
+    scores, draft = proposer.scores, tree.draft
 
-    def recording(logits, level, buf, tokens, probs, q_of):
-        propose(logits, level, buf, tokens, probs, q_of)
-        calls.append((tokens[level.parents].tolist(), logits.clone(), tokens[level.nodes].tolist(),
-                      level.parent_slot.tolist()))
+    def recording(frontier):                                           # each depth's parents and their logits
+        logits = scores(frontier)
+        calls.append((frontier.tokens[frontier.nodes].tolist(), logits.clone()))
+        return logits
 
-    proposer.propose = recording
+    def kept(root, max_depth):                                         # the drafted tree: which child is which
+        d = draft(root, max_depth)
+        drafts.append(d)
+        return d
+
+    proposer.scores, tree.draft = recording, kept
     steps, out = [], []
     with torch.inference_mode():
         state = prefill(model, torch.tensor([prompt]), SamplingConfig(), drafter=drafter)
@@ -252,8 +258,9 @@ def test_every_decode_step_drafts_what_unroll_computes_over_the_same_taps(kind):
         while len(out) < 32:
             past, root = state.past, state.root
             calls.clear()
+            drafts.clear()
             tokens, drafted = decode_step(state, drafter, 0 if len(steps) % 3 == 2 else 2)   # every third: plain
-            steps.append((past, root, list(calls), drafted))
+            steps.append((past, root, list(calls), drafted, drafts[-1] if drafts else None))
             out += tokens
     assert out == base[:len(out)]
     assert sum(1 for s in steps if not s[2]) >= 3                      # plain steps, each followed by a drafted one
@@ -264,11 +271,13 @@ def test_every_decode_step_drafts_what_unroll_computes_over_the_same_taps(kind):
         taps = final_and_taps(model.get_decoder(), full, DEEP_TAPS)[..., model.config.hidden_size:]
         ref = draft_logits(heads, taps, full, 2)                                          # [T-1, Vd] per depth
     checked = 0
-    for past, root, calls_, _ in steps:
+    for past, root, calls_, _, d in steps:
         if not calls_:
             continue
         assert full[0, past] == root
-        (parents0, logits0, tokens0, _), (parents1, logits1, tokens1, slot1) = calls_
+        (parents0, logits0), (parents1, logits1) = calls_
+        children = lambda node: d.tokens[d.buf.children[node]].tolist()         # noqa: E731  (rank order)
+        tokens0 = children(0)
         assert parents0 == [root] and len(logits0) == 1
         torch.testing.assert_close(logits0[0], ref[0][past - 1], rtol=1e-4, atol=1e-4)
         assert sorted(tokens0) == sorted(draft_ids)                               # every rank, mapped to token ids
@@ -276,12 +285,13 @@ def test_every_decode_step_drafts_what_unroll_computes_over_the_same_taps(kind):
         if past + 1 < T:
             row = parents1.index(int(full[0, past + 1]))                          # the node on the true path
             torch.testing.assert_close(logits1[row], ref[1][past - 1], rtol=1e-4, atol=1e-4)
-            child = tokens1[slot1.index(row)]
+            node = d.buf.children[0][tokens0.index(int(full[0, past + 1]))]
+            child = children(node)[0]
             assert child == int(heads.to_token_ids(ref[1][past - 1].argmax()))
             checked += 1
     assert checked >= 8
     # the same check fails on features that are not the module's taps
-    first_past, first_calls = next((p, c) for p, _, c, _ in steps if c)
+    first_past, first_calls = next((p, c) for p, _, c, _, _ in steps if c)
     with torch.inference_mode():
         for wrong in (final_and_taps(model.get_decoder(), full, (1, 2, 3))[..., model.config.hidden_size:],
                       final_and_taps(model.get_decoder(), full, (3, 4, 5))[..., model.config.hidden_size:],

@@ -302,7 +302,7 @@ def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
 @pytest.mark.parametrize("family", ["medusa", "hydra"])
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
-    from models.engine.drafters import HeadsDrafter
+    from tests.proposals import propose, started
     from models.heads import build_heads
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)
@@ -310,9 +310,9 @@ def test_drafted_children_come_with_their_q(family):
     sampling = SamplingConfig(temperature=0.8, top_k=20, acceptance="sampling", draft="sample", seed=0)
     buf = TreeBuffers.build(dense_tree(3, 2))
     with torch.inference_mode():
-        drafter = HeadsDrafter(heads.eval())
-        drafter.start(torch.randn(5, model.config.hidden_size), sampling, torch.Generator().manual_seed(0))
-        tokens, draft_q, _ = drafter.draft(7, buf)
+        gen = torch.Generator().manual_seed(0)
+        drafter = started(heads.eval(), torch.randn(5, model.config.hidden_size), sampling, gen)
+        tokens, draft_q, _ = propose(drafter, 7, buf, sampling, gen)
         for node in buf.parent_list:
             d = int(buf.depth[node])
             path = tokens[[*buf.retrieve[(buf.retrieve == node).any(1)][0, :d + 1].tolist()]][None]

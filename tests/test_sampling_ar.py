@@ -2,7 +2,7 @@
 
 EAGLE heads (family eagle, a draft vocabulary), a bare EagleModule (kind eagle, the base LM head over the full
 vocabulary), EAGLE-3 heads (family eagle3: the base's taps, its own final norm and LM head) and a small draft model
-(family draft_model) draft through models/engine/drafters/eagle.py. As in
+(family draft_model) draft through models/heads/autoregressive_proposer.py. As in
 tests/test_sampling.py (its helpers), the first three generated tokens under top_k=3 (27 outcomes), the first
 step drafting and verifying a depth-2 tree, are compared with the exact distribution computed from the base
 model's own logits by a chi-square test, for children drawn from the draft's own q (draft="sample") and for its
@@ -19,7 +19,8 @@ import torch
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
-from models.engine.drafters import EagleDrafter, EagleProposer, heads_drafter
+from models.engine.drafters import TreeDrafter, heads_drafter
+from models.heads.autoregressive_proposer import EagleDrafter
 from models.heads import HeadsConfig, build_heads
 from models.heads.draft_vocab import most_frequent
 from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, first_tokens_distribution, make_setup
@@ -170,11 +171,12 @@ def test_a_forgotten_q_fails(two_layer_setup, monkeypatch):
     """Negative control: the draft model's sampled children judged with a uniform q instead of the q they were
     drawn from (nearly every draft accepted). (Another parent's q is no control here: its top-3 support rarely
     holds the drawn child, and a child outside q's support ends the walk with a draw from p, which is lossless.)"""
-    def uniform_q(self, root, buf, draft=EagleProposer.draft):
-        tokens, draft_q, probs = draft(self, root, buf)
-        return tokens, (lambda node: torch.full_like(draft_q(node), 1.0 / draft_q(node).numel())), probs
+    def uniform_q(self, root, max_depth, draft=TreeDrafter.draft):
+        d = draft(self, root, max_depth)
+        d.draft_q = (lambda q: lambda node: torch.full_like(q(node), 1.0 / q(node).numel()))(d.draft_q)
+        return d
 
-    monkeypatch.setattr(EagleProposer, "draft", uniform_q)
+    monkeypatch.setattr(TreeDrafter, "draft", uniform_q)
     counts, _, _, _ = draws(two_layer_setup, draft_model(two_layer_setup), 300, seed0=50_000)
     pvalue = chi2_pvalue(counts, two_layer_setup[-1], 300)
     print(f"uniform q: p = {pvalue:.2g}")

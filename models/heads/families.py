@@ -3,7 +3,7 @@
     family = get_family("hydra")                   # the `family` of conf/heads/<name>.yaml
     blocks = family.build_blocks(h, K, L)          # models/heads/__init__.py DraftHeads holds them
     x = family.head_input(k, h_t, path, embed)     # what head k reads before its blocks
-    family.draft(drafter, tokens, buf)             # a tree's proposals, depth by depth (models/engine/drafters/heads.py)
+    # drafting: models/heads/proposers.py (Medusa, Hydra, Hydra++), autoregressive_proposer.py (the rest)
     family.recipes                                 # the training recipes it takes (models/heads/training.py RECIPES)
 
 Adding a family is a HeadFamily subclass decorated with @register_family (here, or in a module imported
@@ -110,22 +110,6 @@ class HeadFamily:
         """An autoregressive family's draft module (models/heads/autoregressive.py) in `heads`; None otherwise."""
         return None
 
-    def draft(self, drafter, tokens: torch.Tensor, buf) -> dict:
-        """Fill tokens[1:] of the tree `buf` (tokens[0] = root) with the proposals of `drafter` (a HeadsDrafter,
-        models/engine/drafters/heads.py); -> {parent: q [Vd]} when proposals are sampled. After each depth,
-        drafter.note_probs(level, probs) records the proposals' probabilities (cost cuts). Medusa: head k sees
-        h_t only, so all heads run once and every parent of a depth gets the same proposals."""
-        q_of = {}
-        K = max(level.num_ranks for level in buf.levels)
-        picks, q, probs = drafter.pick(drafter.all_heads_logits(len(buf.levels)), K)   # [D, K], [D, Vd], [D, K]
-        for d, level in enumerate(buf.levels):
-            tokens[level.nodes] = picks[d, level.ranks]
-            if probs is not None:                  # the same proposals under every parent: row d for all of them
-                drafter.note_probs(level, probs[d].expand(level.parents.numel(), -1))
-            if q is not None:
-                q_of.update({int(p): q[d] for p in level.parents})
-        return q_of
-
 
 @register_family
 class Medusa(HeadFamily):
@@ -153,18 +137,6 @@ class Hydra(HeadFamily):
                              f"{None if path_tokens is None else tuple(path_tokens.shape)}")
         emb = embed(path_tokens).to(hidden.dtype)                          # [..., k+1, h]
         return torch.cat([hidden.unsqueeze(-2), emb], dim=-2).flatten(-2)  # [..., h*(k+2)]
-
-    def draft(self, drafter, tokens, buf) -> dict:
-        q_of = {}
-        for d, level in enumerate(buf.levels):                                 # nodes at depth d+1
-            P = level.parents.numel()
-            path = tokens[level.parent_paths]                                  # [P, d+1] root .. parent
-            picks, q, probs = drafter.pick(drafter.head_logits(d, drafter.h.expand(P, -1), path), level.num_ranks)
-            tokens[level.nodes] = picks[level.parent_slot, level.ranks]
-            drafter.note_probs(level, probs)
-            if q is not None:
-                q_of.update({int(p): q[s] for s, p in enumerate(level.parents)})
-        return q_of
 
 
 @register_family
@@ -199,7 +171,7 @@ class AutoregressiveFamily(HeadFamily):
     """A draft module run depth after depth over its own outputs (models/heads/autoregressive.py), ending in the
     heads' (shared) LM head over the draft vocabulary. `num_heads` is the number of depths it is measured on
     (and, with the recipe's `unroll`, trained on); the blocks are empty. Drafted by
-    models/engine/drafters/eagle.py (EagleProposer), not by draft() below."""
+    models/heads/autoregressive_proposer.py."""
     autoregressive = True
     attribute: ClassVar[str] = ""             # where the heads hold the module
 
@@ -218,9 +190,6 @@ class AutoregressiveFamily(HeadFamily):
 
     def draft_module(self, heads):
         return getattr(heads, self.attribute)
-
-    def draft(self, drafter, tokens, buf) -> dict:
-        raise TypeError(f"{self.name} heads draft with models.engine.drafters.eagle.EagleProposer, not HeadsDrafter")
 
 
 @register_family

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from models.engine.taps import final_and_taps
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
 Path = tuple[int, ...]
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from models.engine.drafters import Draft, DraftContext, cut_by_cost
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
 
 @dataclass

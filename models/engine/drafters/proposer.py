@@ -1,0 +1,167 @@
+"""The proposer protocol: what drafts a tree's tokens from a model (draft heads, EAGLE's layer, a draft model),
+the one place children are selected from its scores, and the walk that drafts a given tree depth by depth.
+
+    proposer = proposer_for(heads)            # the method registered for heads.config.family (register_proposer)
+    proposer.start(ctx)                       # DraftContext after the prefill
+    tokens, draft_q, node_probs = draft_tree(proposer, root, buf, sampling, generator, want_probs=True)
+    proposer.advance(hidden, tokens, position)            # the accepted path, as StepDrafter.advance
+
+A proposer scores a frontier: given tree nodes of one depth (their tokens, paths, parents and ancestors) it
+returns the draft's logits over its vocabulary for each node's children ([R, Vd]; [1, Vd] when every node of
+the frontier gets the same ones, as Medusa's heads, which read no path). select_children turns those into
+children: the top-k, or k draws without replacement from the warped distribution q (lossless sampling with
+draft="sample"), with their log-probabilities. A fixed tree expands the nodes its topology names (draft_tree);
+a tree grown per step expands the best ones through the same calls. The engine never imports a method: methods
+register their proposer factory by family name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from models.engine.acceptance import SamplingConfig, warp_probs
+from models.engine.drafters.base import DraftContext
+from models.engine.trees import TreeBuffers
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Nodes of one depth of the tree being drafted, whose children are asked for. Shapes: R frontier nodes,
+    N nodes drafted so far (node 0 the root)."""
+    depth: int                    # the nodes' depth (root 0); their children are at depth + 1
+    nodes: torch.Tensor           # [R] long, node indices
+    parents: torch.Tensor         # [R] long, each node's parent (-1 for the root)
+    paths: torch.Tensor           # [R, depth + 1] long, tokens root .. node
+    ancestors: torch.Tensor       # [R, N] bool, each node's ancestors and itself
+    tokens: torch.Tensor          # [N] long, every drafted node's token
+
+    def __post_init__(self):
+        R = self.nodes.numel()
+        if self.paths.shape != (R, self.depth + 1) or self.ancestors.shape[0] != R or self.parents.numel() != R:
+            raise ValueError(f"frontier of {R} nodes at depth {self.depth}: paths {tuple(self.paths.shape)}, "
+                             f"ancestors {tuple(self.ancestors.shape)}, parents {self.parents.numel()} do not match")
+
+
+class Proposer(Protocol):
+    taps: tuple[int, ...]                 # base states it reads beside the final one (models/engine/taps.py)
+    draft_ids: torch.Tensor | None        # [Vd] token id of each score column; None: the full vocabulary
+    vocab_size: int                       # the base's vocabulary (for q over the full vocabulary)
+
+    def start(self, ctx: DraftContext) -> None: ...
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None: ...
+    def rewind(self, position: int) -> None: ...
+    def begin(self, root: int, depth: int) -> None: ...          # a new tree below root, at most depth deep
+    def scores(self, frontier: Frontier) -> torch.Tensor: ...    # [R or 1, Vd] logits of the nodes' children
+    def end(self) -> None: ...                                   # the tree is drafted: drop what it added
+
+
+@dataclass
+class Children:
+    """select_children's result for R rows: picks [R, k] (columns of the scores), q [R, Vd] the distribution they
+    were drawn from (sampled drafts) or None, logp [R, k] their log-probabilities under softmax(scores) (top-k
+    drafts, when asked) or None."""
+    picks: torch.Tensor
+    q: torch.Tensor | None = None
+    logp: torch.Tensor | None = None
+
+
+def draw_without_replacement(logits: torch.Tensor, k: int, sampling: SamplingConfig,
+                             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, Vd] -> (k draws per row from q = warp_probs(logits, sampling) without replacement, in the order
+    drawn [R, k], q [R, Vd]): the exponential race (Gumbel top-k), one random number per token."""
+    q = warp_probs(logits, sampling)
+    race = torch.empty_like(q).exponential_(generator=generator)
+    return torch.topk(q / race, k, dim=-1).indices, q
+
+
+def select_children(logits: torch.Tensor, k: int, sampling: SamplingConfig, generator: torch.Generator | None = None,
+                    want_logp: bool = False) -> Children:
+    """k children per row of logits [R, Vd]: the top k (with their log-softmax when want_logp), or with
+    sampling.samples_drafts k draws without replacement from the warped distribution (with it)."""
+    if k > logits.shape[-1]:
+        raise ValueError(f"the tree asks for {k} ranks per node but the draft scores only {logits.shape[-1]} "
+                         "tokens (draft_vocab_size): use a tree with fewer ranks or a larger draft vocabulary")
+    if sampling.samples_drafts:
+        picks, q = draw_without_replacement(logits, k, sampling, generator)
+        return Children(picks, q=q)
+    top = torch.topk(logits, k, dim=-1)
+    logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True) if want_logp else None
+    return Children(top.indices, logp=logp)
+
+
+def full_vocabulary_q(q: torch.Tensor, draft_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """q [Vd] over a draft vocabulary (token ids draft_ids [Vd]; None: the full one) -> [V], zero outside it."""
+    if draft_ids is None:
+        return q
+    return q.new_zeros(vocab_size).index_copy_(0, draft_ids.to(q.device), q)
+
+
+def level_frontier(buf: TreeBuffers, d: int, tokens: torch.Tensor) -> Frontier:
+    """The parents of buf.levels[d] (the nodes at depth d that have children) as a frontier."""
+    level = buf.levels[d]
+    nodes = level.parents
+    return Frontier(d, nodes, buf.parent[nodes], tokens[level.parent_paths], buf.tree_mask[0, 0][nodes], tokens)
+
+
+def draft_tree(proposer: Proposer, root: int, buf: TreeBuffers, sampling: SamplingConfig,
+               generator: torch.Generator | None = None, want_probs: bool = False):
+    """The tokens of the fixed tree `buf` below `root`, one proposer call per depth -> (tokens [N] (node 0 the
+    root), draft_q(node) -> q [V] of its children when they were sampled, else None, node_probs [N]: the product
+    of the draft's probabilities root -> node, with want_probs and top-k drafts, else None)."""
+    device = proposer_device(proposer)
+    tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=device)
+    tokens[0] = root
+    probs = torch.ones(buf.num_tokens) if want_probs and not sampling.samples_drafts else None
+    q_of = {}                                                              # parent node -> q [Vd]
+    proposer.begin(root, len(buf.levels))
+    try:
+        for d, level in enumerate(buf.levels):
+            logits = proposer.scores(level_frontier(buf, d, tokens))             # [P or 1, Vd]
+            kids = select_children(logits, level.num_ranks, sampling, generator, want_logp=probs is not None)
+            slot = level.parent_slot if logits.shape[0] > 1 else torch.zeros_like(level.parent_slot)
+            tokens[level.nodes] = to_token_ids(proposer, kids.picks[slot, level.ranks])
+            if probs is not None:
+                parent_p = probs[buf.parent[level.nodes]]
+                probs[level.nodes] = parent_p * kids.logp[slot, level.ranks].exp().float().cpu()
+            if kids.q is not None:
+                q_of.update({int(p): kids.q[min(s, kids.q.shape[0] - 1)] for s, p in enumerate(level.parents)})
+    finally:
+        proposer.end()
+    if not q_of:
+        return tokens, None, probs
+    return tokens, (lambda node: full_vocabulary_q(q_of[node], proposer.draft_ids, proposer.vocab_size)), probs
+
+
+def to_token_ids(proposer: Proposer, picks: torch.Tensor) -> torch.Tensor:
+    return picks if proposer.draft_ids is None else proposer.draft_ids.to(picks.device)[picks]
+
+
+def proposer_device(proposer: Proposer) -> torch.device:
+    return getattr(proposer, "device", None) or torch.device("cpu")
+
+
+PROPOSERS: dict[str, Callable[..., Proposer]] = {}
+
+
+def register_proposer(*families: str):
+    """@register_proposer("medusa", ...) on a factory(heads) -> Proposer, for heads whose config.family is one
+    of `families` (a method registers its own; the engine only looks them up)."""
+    def add(factory):
+        for name in families:
+            if name in PROPOSERS:
+                raise ValueError(f"a proposer for family {name!r} is already registered")
+            PROPOSERS[name] = factory
+        return factory
+    return add
+
+
+def proposer_for(heads) -> Proposer:
+    """The proposer of `heads` (anything with config.family), from the factory its method registered."""
+    family = heads.config.family
+    if family not in PROPOSERS:
+        raise ValueError(f"no proposer is registered for family {family!r}; registered: {sorted(PROPOSERS)} "
+                         "(import models.heads.drafting for the head methods; a new method registers its own "
+                         "with models.engine.drafters.proposer.register_proposer)")
+    return PROPOSERS[family](heads)

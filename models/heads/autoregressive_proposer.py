@@ -1,0 +1,161 @@
+"""The autoregressive drafters' proposer (EAGLE-1, EAGLE-3, a draft model): the draft module (models/heads/
+eagle.py, eagle3.py, draft_model.py) run over its own predicted features, one batched forward per depth of the
+frontier, registered with the engine by family name (models/engine/drafters/proposer.py):
+
+    drafter = make_drafter({"kind": "heads", "tree": spec}, heads=eagle_heads)   # a DraftHeads of family eagle:
+                                                                                 # its LM head, draft vocabulary
+    drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)         # a bare EagleModule: full vocabulary
+    res = generate(model, tok, ids, drafter=drafter)
+
+The features are the base's final hidden states, or for EAGLE-3 the taps its module names (eagle.taps): the
+decode step hands the drafter those in place of the final states (DraftContext.hidden, advance's hidden), and the
+first depth's fc fuses them; deeper depths read the layer's own outputs, the LM head its readout (final norm).
+
+State after start/advance, with P positions accepted (the base cache holds 0..P-1, the root x_P is next): the
+draft cache holds the pairs (f_t, x_{t+1}) of t = 0..P-2, i.e. P-1 rows, all of them accepted, and `feature`
+is f_{P-1}, the base's hidden state of the last accepted position. advance() appends the pairs the accepted
+path completes: (f_{P-1}, x_P), (f_P, x_{P+1}), ..., so the draft cache never holds a rejected position.
+
+A tree is drafted between begin() and end(), one scores(frontier) a depth. Frontier node i at depth d is the pair
+(its parent's predicted feature, token i) at position P-1+d; the root's pair is (f_{P-1}, root). The frontier's
+nodes run in one forward whose rows are appended to the draft cache behind the accepted ones, with a 4-D
+additive mask (every accepted row visible; of the drafted rows, the node's ancestors and itself: the tree mask,
+as the base's verify step). The node's predicted feature through the LM head gives its children's logits
+(select_children picks them). end() crops the drafted rows off, so the cache again holds the accepted pairs
+only. The draft layer attends to the whole context (a sliding window is not applied to it).
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.drafters.base import AdvanceHistory, DraftContext, register_drafter
+from models.engine.drafters.proposer import Frontier, register_proposer
+from models.engine.drafters.tree import TreeDrafter
+from models.engine.kv_cache import new_cache
+from models.engine.projection import BaseLogits, logit_transform, project
+from models.engine.trees import TreeBuffers, TreeSpec
+
+__all__ = ["AutoregressiveProposer", "EagleDrafter"]
+
+
+@register_proposer("eagle", "eagle3", "draft_model")
+class AutoregressiveProposer:
+    """The draft layer's state and proposals. heads: a DraftHeads of the eagle family (its layer, its LM head
+    over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full
+    vocabulary with the model's logit transform."""
+
+    def __init__(self, heads=None, eagle=None):
+        if (heads is None) == (eagle is None):
+            raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
+        self.eagle = heads.family.draft_module(heads) if heads is not None else eagle    # any AutoregressiveDraft
+        self.taps = self.eagle.taps            # EAGLE-3: the decode step hands it these base states, not the final
+        if heads is not None:
+            linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
+            self.logits = lambda x: project(linear, x)
+            self.head_dtype = linear.weight.dtype
+            self.draft_ids, self.vocab_size = heads.draft_ids, heads.config.vocab_size
+        else:
+            self.logits = BaseLogits(self.eagle.lm_head, logit_transform(self.eagle.base_config))   # [R, h] -> [R, V]
+            self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
+            self.draft_ids, self.vocab_size = None, self.eagle.base_config.vocab_size
+        self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
+        self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
+        self.history = AdvanceHistory()                # (P, f_{P-1}) after each of the last advances
+        self.accepted, self.pred, self.run = 0, None, None   # while drafting: cache rows kept, [N, h], nodes run
+
+    @property
+    def device(self) -> torch.device:
+        return self.feature.device
+
+    # -- state ---------------------------------------------------------------------------------
+    def start(self, ctx: DraftContext) -> None:
+        """The prompt's pairs (f_t, x_{t+1}), t = 0..T-2, into a fresh draft cache; f_{T-1} kept. ctx.hidden [T, h],
+        ctx.input_ids [T]."""
+        hidden, input_ids = ctx.hidden, ctx.input_ids
+        if input_ids is None:
+            raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
+        self.cache = new_cache()
+        self.history.clear()
+        T = hidden.shape[0]
+        if T > 1:
+            pos = torch.arange(T - 1, device=hidden.device)[None]                  # [1, T-1]
+            self.eagle(hidden[None, :-1], input_ids[None, 1:].to(hidden.device), pos, cache=self.cache)
+        self.keep(T, hidden[-1])
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
+        pairs (f_{position-1}, x_position), (f_position, x_{position+1}), ... at positions position-1 ..."""
+        if self.cache.get_seq_length() != position - 1:
+            raise ValueError(f"the eagle drafter holds {self.cache.get_seq_length() + 1} positions, "
+                             f"cannot advance from position {position}")
+        m = hidden.shape[0]
+        feats = torch.cat([self.feature[None], hidden[:-1].to(self.feature.dtype)])      # [m, h]
+        toks = torch.as_tensor(tokens, dtype=torch.long, device=hidden.device)           # [m]
+        pos = torch.arange(position - 1, position - 1 + m, device=hidden.device)         # [m]
+        self.eagle(feats[None], toks[None], pos[None], cache=self.cache)
+        self.keep(position + m, hidden[-1])
+
+    def keep(self, positions: int, feature: torch.Tensor) -> None:
+        self.feature = feature.to(self.eagle.dtype)
+        self.history.push(positions, self.feature)
+
+    def rewind(self, position: int) -> None:
+        """Back to the state after the first `position` positions: one of the last advances' ends."""
+        self.feature = self.history.back_to(position, "the eagle drafter")
+        self.cache.crop(position - 1 - self.cache.get_seq_length())
+
+    # -- proposals -----------------------------------------------------------------------------
+    def begin(self, root: int, depth: int) -> None:
+        self.accepted, self.pred, self.run = self.cache.get_seq_length(), None, torch.empty(0, dtype=torch.long)
+
+    @torch.no_grad()
+    def scores(self, frontier: Frontier) -> torch.Tensor:
+        """The frontier's nodes through the draft layer in one forward (their rows appended to the draft cache,
+        tree-masked) -> the logits of their children [R, Vd]; their predicted features kept for the next depth."""
+        device, dtype, nodes = self.feature.device, self.eagle.dtype, frontier.nodes
+        feats = self.feature[None] if frontier.depth == 0 else self.pred[frontier.parents]       # [R, h]
+        self.run = torch.cat([self.run, nodes])                                                  # [C] in cache order
+        mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
+        seen = frontier.ancestors[:, self.run].to(device)                                        # [R, C]
+        mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)
+        pos = torch.full((1, nodes.numel()), self.accepted + frontier.depth, dtype=torch.long, device=device)
+        out = self.eagle(feats[None], frontier.tokens[nodes][None], pos, cache=self.cache, attention_mask=mask)[0]
+        n = frontier.tokens.numel()
+        if self.pred is None or self.pred.shape[0] < n:
+            grown = out.new_empty(n, out.shape[-1])
+            if self.pred is not None:
+                grown[:self.pred.shape[0]] = self.pred
+            self.pred = grown
+        self.pred[nodes] = out                                                                   # [R, h]
+        return self.logits(self.eagle.readout(out).to(self.head_dtype))
+
+    def end(self) -> None:
+        self.cache.crop(self.accepted - self.cache.get_seq_length())                            # drafted rows off
+        self.pred, self.run = None, None
+
+
+class EagleDrafter(TreeDrafter):
+    """A bare EagleModule (no DraftHeads) on a tree: the base LM head over the full vocabulary (conformance with
+    the official code, tests). cache and feature are its proposer's."""
+
+    def __init__(self, eagle, tree: TreeSpec | TreeBuffers, want_probs: bool = False,
+                 step_cost: list[float] | None = None):
+        super().__init__(None, tree, step_cost, want_probs, proposer=AutoregressiveProposer(eagle=eagle))
+
+    @property
+    def cache(self):
+        return self.proposer.cache
+
+    @property
+    def feature(self) -> torch.Tensor:
+        return self.proposer.feature
+
+
+@register_drafter("eagle")
+def build_eagle(spec: dict, eagle=None, **_) -> EagleDrafter:
+    """spec: tree (TreeSpec or TreeBuffers), want_probs, step_cost (optional); eagle: models.heads.eagle.EagleModule."""
+    missing = [what for what, have in (("eagle=EagleModule(...)", eagle is not None),
+                                       ("a tree in its spec", spec.get("tree") is not None)) if not have]
+    if missing:
+        raise ValueError(f"an eagle drafter needs {' and '.join(missing)}")
+    return EagleDrafter(eagle, spec["tree"], bool(spec.get("want_probs", False)), spec.get("step_cost"))

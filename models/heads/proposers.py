@@ -1,0 +1,102 @@
+"""The draft heads' proposer (Medusa, Hydra, Hydra++), registered with the engine by family name
+(models/engine/drafters/proposer.py: the protocol, select_children and the tree walk).
+
+    proposer = proposer_for(heads)                  # HeadsProposer for a heads object of these families
+    proposer.start(ctx); logits = proposer.scores(frontier)                # [P or 1, Vd]
+
+- Medusa: head k sees h_t only, so every node of a depth gets the same children: all heads run once per
+  tree on h_t (one LM-head product when the heads share the base LM head) and scores returns one row.
+- Hydra: head d sees h_t and the tokens of the path root .. node, so depth d is scored from its frontier's
+  paths, all nodes of a depth in one batch.
+- Hydra++: like Hydra, with h_t taken from the prefix decoder layer run causally over the base hidden
+  states. Its own KV cache only ever receives accepted positions (`advance`), so it holds exactly the
+  accepted sequence and needs no rollback.
+Heads with a draft vocabulary (DraftHeads.draft_ids, [Vd]) score those tokens only; a sampled node's q is
+mapped back to the full vocabulary by the engine (zeros outside the draft vocabulary).
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.drafters.base import AdvanceHistory, DraftContext
+from models.engine.drafters.proposer import Frontier, register_proposer
+from models.engine.kv_cache import new_cache
+from models.engine.projection import project
+from models.heads.draft_heads import DraftHeads
+from models.heads.families import get_family
+
+
+@register_proposer("medusa", "hydra", "hydra_pp")
+class HeadsProposer:
+    """heads: a DraftHeads, or any object with its config, head_logits (and prefix_forward for Hydra++)."""
+    taps = ()
+
+    def __init__(self, heads):
+        self.heads, config = heads, heads.config
+        family = get_family(config.family)
+        self.reads_path, self.prefixed = family.reads_path, family.prefix_layer
+        # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
+        # shared), so that head k runs as head_hidden + project (fast for few rows); other head objects:
+        # head_logits over the full vocabulary.
+        self.linears = None
+        self.draft_ids = heads.draft_ids if isinstance(heads, DraftHeads) else None   # [Vd]; None: full vocabulary
+        self.vocab_size = config.vocab_size
+        if isinstance(heads, DraftHeads) and (heads.lm_heads is not None or heads.is_attached):
+            self.linears = [heads.output_layer(k) for k in range(config.num_heads)]
+        self.prefix_cache = new_cache() if self.prefixed else None
+        self.h = None                                   # [h] hidden state the heads read (position t)
+        self.history = AdvanceHistory()                 # (positions seen, h then) of the last advances (rewind)
+        self._all = None                                # Medusa: [depth, Vd], every head on h_t, while drafting
+        params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
+        self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
+
+    @property
+    def device(self) -> torch.device:
+        return self.h.device
+
+    # -- state ---------------------------------------------------------------------------------
+    def start(self, ctx: DraftContext) -> None:
+        """ctx.hidden: [T, h] base hidden states of the whole prompt (the heads read hidden states only)."""
+        self.prefix_cache = new_cache() if self.prefixed else None
+        self.history.clear()
+        self.advance(ctx.hidden, [], 0)
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        """hidden: [m, h] base hidden states of newly accepted positions position..position+m-1 (tokens: unused)."""
+        if self.prefix_cache is None:
+            h = hidden[-1]
+        else:
+            pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
+            h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
+        self.h = h if self.dtype is None else h.to(self.dtype)
+        self.history.push(position + hidden.shape[0], self.h)
+
+    def rewind(self, position: int) -> None:
+        """Back to the state after the first `position` positions: one of the last advances' ends."""
+        self.h = self.history.back_to(position)
+        if self.prefix_cache is not None:
+            self.prefix_cache.crop(position - self.prefix_cache.get_seq_length())
+
+    # -- proposals -----------------------------------------------------------------------------
+    def head_logits(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        """Head k's logits over the draft vocabulary: hidden [R, h], path [R, k+1] -> [R, Vd], with the fast projection."""
+        if self.linears is None:
+            return self.heads.head_logits(k, hidden, path)
+        return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
+
+    def begin(self, root: int, depth: int) -> None:
+        if not self.reads_path and depth > 0:          # Medusa: heads 0..depth-1 on h_t alone, once a tree
+            if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one product
+                x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
+                self._all = project(self.linears[0], x)
+            else:
+                self._all = torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
+
+    def scores(self, frontier: Frontier) -> torch.Tensor:
+        if not self.reads_path:
+            return self._all[frontier.depth:frontier.depth + 1]                       # [1, Vd]
+        R = frontier.nodes.numel()
+        return self.head_logits(frontier.depth, self.h.expand(R, -1), frontier.paths)  # [R, Vd]
+
+    def end(self) -> None:
+        self._all = None
