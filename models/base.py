@@ -10,12 +10,16 @@ import os
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, GraniteConfig,
-                          LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config)
+                          LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen3Config)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # granite, cohere and gemma2 transform their logits (models/engine/projection.py LOGIT_TRANSFORMS)
+# phi3 (fused qkv_proj and gate_up_proj), olmo2 (norms after attention and MLP, none before) and qwen3 (q/k norms)
+# have decoder layers unlike Llama's (tests/test_base_architectures.py)
 TINY_ARCHS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "granite": GraniteConfig,
-              "cohere": CohereConfig, "gemma2": Gemma2Config}
+              "cohere": CohereConfig, "gemma2": Gemma2Config, "phi3": Phi3Config, "olmo2": Olmo2Config,
+              "qwen3": Qwen3Config}
 # ChatML, the template SmolLM2 and Qwen2 use; the tiny tokenizer gets it too.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
@@ -79,7 +83,7 @@ def build_tiny_model(arch: str = "llama", hidden_size: int = 64, num_layers: int
     )
     if arch == "mistral":
         config.sliding_window = None
-    if arch == "gemma2":                             # its default head_dim is 256 whatever the hidden size
+    if arch in ("gemma2", "qwen3"):                  # their default head_dim (256, 128) ignores the hidden size
         config.head_dim = hidden_size // num_attention_heads
     for key, value in config_overrides.items():
         setattr(config, key, value)

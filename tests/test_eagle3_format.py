@@ -169,12 +169,34 @@ def test_other_families_are_refused(tiny, tmp_path, family, fmt, message):
         export_heads(heads, model, tmp_path, fmt)
 
 
-def test_a_base_the_loaders_cannot_build_is_refused(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "olmo2", "gemma2", "granite"])
+def test_any_base_exports_what_a_llama_base_of_its_sizes_exports(tmp_path, arch):
+    """The layer is a Llama layer of the base's sizes whatever the base (Qwen3's q/k norms, Phi-3's fused projections
+    and partial rotary, OLMo-2's post-norms, Gemma-2's extra norms and GELU), so the file has exactly the names and
+    shapes of a Llama base's export of the same sizes and the same config.json, but for the norm eps and rotary base
+    its base sets; it reads back to the same heads."""
     from models.base import build_tiny_model
+    from tests.test_base_architectures import ARCHS
 
-    model, _ = build_tiny_model("qwen2", seed=0)
-    with pytest.raises(ValueError, match=r"base model_type='qwen2'.*accepted: llama, mistral"):
-        export_heads(eagle3_heads(model), model, tmp_path, "eagle3")
+    model, _ = build_tiny_model(arch, seed=0, **ARCHS[arch])
+    llama, _ = build_tiny_model("llama", seed=0)
+    files, heads = {}, {}
+    for name, base in (("llama", llama), (arch, model)):
+        heads[name] = eagle3_heads(base)
+        report = export_heads(heads[name], base, tmp_path / name, "eagle3")
+        files[name] = (load_file(str(tmp_path / name / "model.safetensors")),
+                       json.loads((tmp_path / name / "config.json").read_text()), report["notes"])
+    (ours, meta, notes), (theirs, llama_meta, _) = files[arch], files["llama"]
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    assert {k: v.shape for k, v in ours.items()} == expected_shapes(llama, VD)
+    assert set(meta) == set(llama_meta)
+    base_set = {"rms_norm_eps": model.config.rms_norm_eps, "rope_theta": float(model.config.rope_parameters["rope_theta"])}
+    assert {k: v for k, v in meta.items() if k not in base_set} == \
+        {k: v for k, v in llama_meta.items() if k not in base_set}
+    assert {k: meta[k] for k in base_set} == base_set and meta["rope_scaling"] is None and meta["hidden_act"] == "silu"
+    assert any(f"base model_type '{arch}'" in n for n in notes)
+    back = import_heads(tmp_path / arch, model, "eagle3")
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in heads[arch].state_dict().items())
 
 
 def test_import_refuses_a_folder_that_does_not_fit(tiny, tmp_path):

@@ -79,10 +79,12 @@ def eagle3_like_the_base(model, eagle3, scale: float = 0.1) -> None:
     by `scale`. q and k read the normed token embedding only, scaled so that every row attends to itself alone;
     v = [normed embedding ; -normed feature] and o_proj = I, so that h = feature + attn = the normed embedding of the
     row's token whatever feature was fed back (fc zero at depth 1; the previous depth's prediction deeper); the MLP
-    adds nothing. Read out through the base's final norm and LM head (its draft-vocabulary rows): the base's logits."""
+    adds nothing. Read out through the base's final norm (copied into the module's) and LM head (the heads' is set to
+    its draft-vocabulary rows by eagle3_heads): the base's logits."""
     h = model.config.hidden_size
     layer, eye, zero = eagle3.layers[0], torch.eye(h), torch.zeros(h, h)
     with torch.no_grad():
+        eagle3.out_norm.weight.copy_(model.get_decoder().norm.weight)
         eagle3.fc.weight.zero_()
         for norm in (layer.input_layernorm, layer.hidden_norm):
             norm.weight.fill_(1.0)
@@ -100,6 +102,8 @@ def eagle3_heads(setup):
     config = HeadsConfig.for_base(model, "eagle3", num_heads=4, share_lm_head=False, draft_vocab_size=200)
     heads = build_heads(config, model, most_frequent(torch.arange(model.config.vocab_size, 0, -1), 200)).eval()
     eagle3_like_the_base(model, heads.eagle3)
+    with torch.no_grad():
+        heads.lm_heads[0].weight.copy_(heads.base_output_weights()[0])
     perturb(heads.lm_heads, 0.1, seed=1)
     return heads_drafter(heads, TREE)
 

@@ -8,9 +8,9 @@ token) pairs with their own KV cache, scored by the frozen base LM head (docs/re
 Row t is the pair (f_t, x_{t+1}): the base's final hidden state at t and the token after it, at position t.
 Its output is the predicted f_{t+1}, whose LM head scores x_{t+2}. A subclass says how a pair becomes the first
 layer's input (`inputs`: EAGLE fuses both, a draft model embeds the token alone) and holds `layers` (and an
-optional final `norm`). The base's embedding, LM head and rotary embedding are referenced, frozen and never
-saved. Not handled: architectures that scale their embeddings inside the model (Gemma) get the unscaled
-embedding.
+optional final `norm`). The base's embedding, LM head and rotary embedding (unless `rotary` is overridden) are
+referenced, frozen and never saved. Not handled: architectures that scale their embeddings inside the model
+(Gemma) get the unscaled embedding.
 """
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ class AutoregressiveDraft(nn.Module):
         with torch.no_grad():
             return self._base["embed"](tokens).to(self.dtype)
 
+    def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """(cos, sin) at position_ids [B, T] for the layers' attention: the base's rotary embedding, whose layers
+        these are (EAGLE-3's Llama layer has its own)."""
+        return self._base["rotary"](x, position_ids)
+
     # -- computation ---------------------------------------------------------------------------
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """The first layer's input [B, T, h] from the pairs: features [B, T, h], next_tokens [B, T]."""
@@ -78,7 +83,7 @@ class AutoregressiveDraft(nn.Module):
             causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # [T, past + T]
             attention_mask = torch.zeros(B, 1, T, past + T, dtype=x.dtype, device=x.device)
             attention_mask.masked_fill_(~causal, torch.finfo(x.dtype).min)
-        pos_emb = self._base["rotary"](x, position_ids)                                     # (cos, sin)
+        pos_emb = self.rotary(x, position_ids)                                              # (cos, sin)
         for layer in self.layers:
             out = layer(x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids,
                         past_key_values=cache, use_cache=cache is not None, position_embeddings=pos_emb)

@@ -105,7 +105,7 @@ class DraftHeads(nn.Module):
             self.base_rows_weight = lm_head.weight.detach()[ids].clone()
             self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
         self.family.build_extra(self, base_model)       # a family's own modules (Hydra++: its prefix layer)
-        if init_from_base and self.lm_heads is not None:
+        if init_from_base and self.lm_heads is not None and self.family.lm_head_from_base:
             weight, bias = self.base_output_weights()
             with torch.no_grad():
                 for lin in self.lm_heads:

@@ -1,4 +1,4 @@
-"""EAGLE-3's draft module: one decoder layer over the base's fused low, middle and high features and the next
+"""EAGLE-3's draft module: one Llama decoder layer over the base's fused low, middle and high features and the next
 token's embedding, with its own final norm and LM head over the draft vocabulary (docs/reference.md#autoregressive-drafters).
 
     module = Eagle3Module.from_base(model, seed=0)       # fc (3h -> h), the layer, the final norm
@@ -17,39 +17,79 @@ Deeper depths feed pred (before the final norm, width h) back in place of fc's o
 3h-wide features, as the authors' code does. Training runs that recurrence ("training-time test", models/heads/
 eagle_training.py): each depth a soft cross-entropy to the base's distribution, weighted 0.8^k, no feature loss.
 
-The layer is the base's last decoder layer with q/k/v widened to 2h inputs and every Linear re-initialised (normal,
-the base config's initializer_range); its norms, hidden_norm and the final norm start as the base's (input norm,
-final norm). Names follow the authors' (fc, the layer's hidden_norm, input_layernorm, self_attn.*, mlp.*, norm), so
-the export to vLLM's and SGLang's format (models/heads/eagle3_format.py) is a renaming. float32.
+The layer is a Llama layer whatever the base's architecture, as the authors' code (SafeAILab/EAGLE, its EAGLE-3
+`LlamaDecoderLayeremb`) and vLLM's and SGLang's loaders build it: transformers' Llama attention (q/k/v widened to
+2h inputs), SwiGLU MLP and RMSNorms, made from `layer_config(base config)`: the base's hidden size, head counts,
+head_dim, intermediate size, RMS eps, rotary base and scaling, no biases. Its rotary embedding is a Llama one of
+that config (every dimension of a head rotated; the base's own may rotate part of them, e.g. Phi-3's partial
+rotary). A Qwen3, Phi-3, OLMo-2 or Gemma-2 base gets the same layer as a Llama base of its sizes, so the export to
+vLLM's and SGLang's format (models/heads/eagle3_format.py) is a renaming of names that stay the authors' (fc, the
+layer's hidden_norm, input_layernorm, self_attn.*, mlp.*, norm).
+
+Initialised as the authors' module is (a plain nn.Module: no initialiser of transformers runs): every Linear
+(fc and the layer's) by nn.Linear's own init (Kaiming-uniform, bound 1/sqrt(fan_in)), every RMSNorm weight
+(input_layernorm, hidden_norm, post_attention_layernorm, the final norm) at one. Its LM head (the heads', models/
+heads/families.py Eagle3) is a fresh nn.Linear too, as theirs is. float32.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from models.engine.taps import eagle3_taps
-from models.heads.autoregressive import AutoregressiveDraft, reinit_linears
+from models.heads.autoregressive import AutoregressiveDraft
+
+
+def rope_parameters(base_config) -> dict:
+    """The base's rotary base and scaling as a Llama config takes them (transformers' rope_parameters): the
+    full-attention layers' where they differ per layer type, without a partial rotary factor (the Llama layer
+    rotates every dimension)."""
+    params = dict(getattr(base_config, "rope_parameters", None) or getattr(base_config, "rope_scaling", None) or {})
+    if isinstance(params.get("full_attention"), dict):
+        params = dict(params["full_attention"])
+    params.pop("partial_rotary_factor", None)
+    params.setdefault("rope_theta", float(getattr(base_config, "rope_theta", 10000.0)))
+    params["rope_type"] = params.get("rope_type", params.pop("type", "default"))
+    return params
+
+
+def layer_config(base_config) -> LlamaConfig:
+    """A one-layer Llama config of the base's sizes (the authors' and the loaders' EAGLE-3 layer for this base)."""
+    heads = base_config.num_attention_heads
+    head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // heads
+    eps = getattr(base_config, "rms_norm_eps", None) or getattr(base_config, "layer_norm_eps", None) or 1e-6
+    config = LlamaConfig(
+        vocab_size=base_config.vocab_size, hidden_size=base_config.hidden_size,
+        intermediate_size=base_config.intermediate_size, num_hidden_layers=1, num_attention_heads=heads,
+        num_key_value_heads=getattr(base_config, "num_key_value_heads", None) or heads, head_dim=head_dim,
+        hidden_act="silu", rms_norm_eps=float(eps), max_position_embeddings=base_config.max_position_embeddings,
+        rope_parameters=rope_parameters(base_config), attention_bias=False, mlp_bias=False,
+        attn_implementation="sdpa")               # takes the drafter's additive tree masks, on CPU and GPU
+    return config
 
 
 class Eagle3Layer(nn.Module):
-    """The base's decoder layer with attention over [normed embedding ; normed feature]. Called like a transformers
+    """A Llama decoder layer with attention over [normed embedding ; normed feature]. Called like a transformers
     decoder layer on x = [embedding ; feature] ([B, T, 2h]), -> [B, T, h]."""
 
-    def __init__(self, base_layer: nn.Module, hidden: int, std: float):
+    def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.hidden_size = hidden
-        self.input_layernorm = copy.deepcopy(base_layer.input_layernorm)
-        self.hidden_norm = copy.deepcopy(base_layer.input_layernorm)
-        self.self_attn = copy.deepcopy(base_layer.self_attn)
-        self.post_attention_layernorm = copy.deepcopy(base_layer.post_attention_layernorm)
-        self.mlp = copy.deepcopy(base_layer.mlp)
-        self.self_attn.layer_idx = 0                                      # the only layer of its own cache
+        h = self.hidden_size = config.hidden_size
+        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)             # the only layer of its own cache
         for name in ("q_proj", "k_proj", "v_proj"):                      # q/k/v read 2h
-            old = getattr(self.self_attn, name)
-            setattr(self.self_attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
-        reinit_linears(self, std)
+            setattr(self.self_attn, name, nn.Linear(2 * h, getattr(self.self_attn, name).out_features, bias=False))
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+        with torch.no_grad():                                            # the authors' init, stated, not assumed
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    m.reset_parameters()
+                elif isinstance(m, LlamaRMSNorm):
+                    m.weight.fill_(1.0)
 
     def forward(self, x: torch.Tensor, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 position_embeddings=None, **kwargs) -> torch.Tensor:
@@ -63,34 +103,38 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Module(AutoregressiveDraft):
-    """fc (3h -> h, no bias), one Eagle3Layer, the final norm; base parts by reference. The LM head is the heads'
-    (DraftHeads.output_layer(0): one Linear over the draft vocabulary for every depth)."""
+    """fc (3h -> h, no bias), one Eagle3Layer, the final norm and the layer's own rotary embedding; base parts by
+    reference. The LM head is the heads' (DraftHeads.output_layer(0): one Linear over the draft vocabulary for
+    every depth)."""
 
-    def __init__(self, fc: nn.Linear, layer: Eagle3Layer, norm: nn.Module, base_model, taps: tuple[int, ...]):
+    def __init__(self, fc: nn.Linear, layer: Eagle3Layer, norm: nn.Module, base_model, taps: tuple[int, ...],
+                 config: LlamaConfig):
         super().__init__(base_model)
         self.fc, self.layers, self.out_norm = fc, nn.ModuleList([layer]), norm
-        self.taps = tuple(taps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)                  # buffers only, not saved
+        self.layer_config, self.taps = config, tuple(taps)
 
     @classmethod
     def from_base(cls, base_model, seed: int | None = None) -> "Eagle3Module":
         """A fresh (untrained) module for `base_model`; `seed` makes its initial weights reproducible."""
-        decoder = base_model.get_decoder()
-        config = base_model.config
-        h, std = config.hidden_size, float(getattr(config, "initializer_range", 0.02))
-        taps = eagle3_taps(config.num_hidden_layers)
+        config = layer_config(base_model.config)
+        h = config.hidden_size
+        taps = eagle3_taps(base_model.config.num_hidden_layers)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             fc = nn.Linear(len(taps) * h, h, bias=False)
-            base_layer = copy.deepcopy(decoder.layers[-1]).to(device="cpu", dtype=torch.float32)
-            layer = Eagle3Layer(base_layer, h, std)
-        norm = copy.deepcopy(decoder.norm).to(device="cpu", dtype=torch.float32)
+            layer = Eagle3Layer(config)
+        norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         device = base_model.get_output_embeddings().weight.device
-        return cls(fc, layer, norm, base_model, taps).to(device=device, dtype=torch.float32).train(False)
+        return cls(fc, layer, norm, base_model, taps, config).to(device=device, dtype=torch.float32).train(False)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
+
+    def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
+        return self.rotary_emb(x, position_ids)
 
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         f = features.to(self.dtype)

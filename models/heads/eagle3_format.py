@@ -9,7 +9,9 @@ final norm), `lm_head.weight` [Vd, h], `d2t` (int64 [Vd]: target id minus draft 
 draft ids). No `embed_tokens.weight`: both loaders take the target model's embedding when the file has none.
 `config.json` is a one-layer Llama config with architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size` and
 the tapped layers twice, once per loader's convention (see `_tap_fields`). Heads without a draft vocabulary are
-written with Vd = V, `d2t` zeros and `t2d` all true. Only a Llama-like base without biases fits the loaders' layer.
+written with Vd = V, `d2t` zeros and `t2d` all true. The layer is a Llama layer of the base's sizes whatever the
+base's architecture (models/heads/eagle3.py), as the loaders build it, so heads on any base export: the sizes, norm
+eps and rotary written come from that layer's config.
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from models.heads.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")   # vLLM registers both; SGLang the first
-LLAMA_LIKE = ("llama", "mistral")          # base model types whose decoder layer is the loaders' Llama layer
 DEPTHS = 5                                 # read_eagle3's num_heads: conf/heads/eagle3.yaml (the file has none)
 # our state-dict prefix -> the file's (first match wins: the layer before the module's other names)
 RENAMES = (("eagle3.layers.0.", "midlayer."), ("eagle3.out_norm.", "norm."), ("eagle3.", ""),
@@ -54,22 +55,6 @@ def to_heads_key(key: str) -> str | None:
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
-def check_base(config) -> None:
-    """The loaders build a Llama decoder layer (SiLU MLP, RMSNorm, full attention): refuse a base they cannot
-    express, naming the value and what is accepted."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in LLAMA_LIKE:
-        raise ValueError(f"base model_type={model_type!r}: vLLM's and SGLang's EAGLE-3 loaders build a Llama "
-                         f"layer; accepted: {', '.join(LLAMA_LIKE)}")
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"base hidden_act={act!r}: the loaders' Llama MLP takes silu only")
-    window = getattr(config, "sliding_window", None)
-    if window is not None:
-        raise ValueError(f"base sliding_window={window}: the exported layer is a full-attention Llama layer; "
-                         "accepted: no sliding window")
-
-
 def _lm_head(heads) -> torch.Tensor:
     """[Vd, h]: the heads' one LM head (own, or the base's draft-vocabulary rows when shared); no bias allowed."""
     linear = heads.output_layer(0)
@@ -89,8 +74,8 @@ def vocab_maps(draft_ids: torch.Tensor | None, vocab_size: int) -> tuple[torch.T
 
 
 def eagle3_state(heads) -> dict[str, torch.Tensor]:
-    """The file's tensors: the module and LM head renamed, d2t and t2d. Any other parameter (a bias, a q/k norm
-    of the base's layer) is refused: the loaders' layer has no place for it."""
+    """The file's tensors: the module and LM head renamed, d2t and t2d. Any other parameter is refused: the
+    loaders' layer has no place for it (the module builds none; a state loaded from elsewhere might hold one)."""
     state = {}
     for key, value in heads.state_dict().items():
         name = to_file_key(key)
@@ -98,16 +83,16 @@ def eagle3_state(heads) -> dict[str, torch.Tensor]:
             state[name] = value.detach()
     extra = sorted(set(state) - set(FILE_KEYS))
     if extra:
-        raise ValueError(f"these heads hold {extra[:4]}, which the loaders' Llama EAGLE-3 layer has no place for "
-                         f"(a base with biases or q/k norms); accepted keys: {', '.join(FILE_KEYS)}")
+        raise ValueError(f"these heads hold {extra[:4]}, which the loaders' Llama EAGLE-3 layer has no place for; "
+                         f"accepted keys: {', '.join(FILE_KEYS)}")
     state["lm_head.weight"] = _lm_head(heads)
     state["d2t"], state["t2d"] = vocab_maps(heads.draft_ids, heads.config.vocab_size)
     return {k: v.contiguous().cpu() for k, v in state.items()}
 
 
 def _rope(config) -> tuple[float | None, dict | None]:
-    """(rope_theta, rope_scaling or None for plain rotary) of the base: transformers 5 nests both in
-    rope_parameters (rope_scaling is an alias), 4.x keeps them apart."""
+    """(rope_theta, rope_scaling or None for plain rotary) of the layer's Llama config: transformers 5 nests both
+    in rope_parameters (rope_scaling is an alias), 4.x keeps them apart."""
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     theta = params.pop("rope_theta", getattr(config, "rope_theta", None))
     scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else None
@@ -129,21 +114,20 @@ def _tap_fields(taps: tuple[int, ...]) -> dict:
 
 
 def eagle3_config(heads, base_config, dtype: torch.dtype) -> dict:
-    """config.json: a one-layer Llama config of the base's sizes, the draft vocabulary and the taps."""
+    """config.json: the module's one-layer Llama config (the base's sizes), the draft vocabulary and the taps."""
     module = heads.family.draft_module(heads)
-    theta, scaling = _rope(base_config)
+    layer = module.layer_config
+    theta, scaling = _rope(layer)
     config = {"architectures": [ARCHITECTURES[0]], "model_type": "llama", "num_hidden_layers": 1,
-              "hidden_size": base_config.hidden_size, "intermediate_size": base_config.intermediate_size,
-              "num_attention_heads": base_config.num_attention_heads,
-              "num_key_value_heads": getattr(base_config, "num_key_value_heads", base_config.num_attention_heads),
-              "hidden_act": "silu", "rms_norm_eps": base_config.rms_norm_eps, "rope_theta": theta,
-              "rope_scaling": scaling, "max_position_embeddings": base_config.max_position_embeddings,
+              "hidden_size": layer.hidden_size, "intermediate_size": layer.intermediate_size,
+              "num_attention_heads": layer.num_attention_heads, "num_key_value_heads": layer.num_key_value_heads,
+              "head_dim": layer.head_dim, "hidden_act": "silu", "rms_norm_eps": layer.rms_norm_eps,
+              "rope_theta": theta, "rope_scaling": scaling,
+              "max_position_embeddings": layer.max_position_embeddings,
               "vocab_size": heads.config.vocab_size, "draft_vocab_size": heads.config.out_size,
               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
               "norm_before_residual": False,      # vLLM: the residual is the fused feature before hidden_norm
               "torch_dtype": str(dtype).removeprefix("torch.")}
-    if getattr(base_config, "head_dim", None) is not None:
-        config["head_dim"] = base_config.head_dim
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if getattr(base_config, key, None) is not None:
             config[key] = getattr(base_config, key)
@@ -159,6 +143,10 @@ def _notes(heads, taps: tuple[int, ...], num_layers: int, dtype: torch.dtype) ->
                                        f"{num_layers}-layer base, so a loader that ignores them reads other layers"),
              "no embed_tokens.weight: vLLM and SGLang take the target model's embedding",
              f"weights in {str(dtype).removeprefix('torch.')}; the loaders cast them to the serving dtype"]
+    model_type = getattr(heads.family.draft_module(heads).base_config, "model_type", None)
+    if model_type != "llama":
+        notes.append(f"base model_type {model_type!r}: the draft layer is a Llama layer of its sizes all the same, "
+                     "the one the loaders build for any target")
     if heads.draft_ids is None:
         notes.append("no draft vocabulary: written as the full vocabulary (d2t zeros, t2d all true)")
     if heads.lm_heads is None:
@@ -169,7 +157,6 @@ def _notes(heads, taps: tuple[int, ...], num_layers: int, dtype: torch.dtype) ->
 
 def write_eagle3(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
     """Write eagle3 `heads` (attached to `base_model`) to `folder`; -> (files written, notes on what differs)."""
-    check_base(base_model.config)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = eagle3_state(heads)
@@ -182,16 +169,17 @@ def write_eagle3(heads, base_model, folder: Path) -> tuple[list[str], list[str]]
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
-def _check_meta(meta: dict, base_config, taps: tuple[int, ...], where: Path) -> None:
-    """config.json must describe our layer on this base: one layer, norm after the residual, the base's width and
-    our taps (absent taps: the loaders' default, which must then be ours)."""
+def _check_meta(meta: dict, base_config, module, where: Path) -> None:
+    """config.json must describe our layer on this base: one layer, norm after the residual, the base's width, the
+    layer's norm eps and rotary base, and our taps (absent taps: the loaders' default, which must then be ours)."""
+    taps = tuple(module.taps)
     arch = (meta.get("architectures") or [None])[0]
     if arch not in ARCHITECTURES:
         raise ValueError(f"{where}: architectures={meta.get('architectures')}; accepted: {', '.join(ARCHITECTURES)}")
-    theta = _rope(base_config)[0]
+    theta = _rope(module.layer_config)[0]
     for key, want in (("num_hidden_layers", 1), ("norm_before_residual", False),
-                      ("target_hidden_size", base_config.hidden_size), ("rms_norm_eps", base_config.rms_norm_eps),
-                      ("rope_theta", theta)):
+                      ("target_hidden_size", base_config.hidden_size),
+                      ("rms_norm_eps", module.layer_config.rms_norm_eps), ("rope_theta", theta)):
         if meta.get(key, want) != want:        # the layer here takes the base's norm eps and rotary base
             raise ValueError(f"{where}: {key}={meta[key]!r}; eagle3 heads here need {key}={want!r}")
     L = base_config.num_hidden_layers
@@ -227,7 +215,6 @@ def _draft_ids(state: dict, vocab_size: int, where: Path) -> torch.Tensor | None
 def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
     """eagle3 DraftHeads (`num_heads` depths measured) on `base_model` from a folder in this format; every key,
     shape and config field that does not fit is an error naming it."""
-    check_base(base_model.config)
     folder = Path(folder)
     require_files(folder, (CONFIG, WEIGHTS), "EAGLE-3")
     meta = json.loads((folder / CONFIG).read_text())
@@ -239,7 +226,7 @@ def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
                                   share_lm_head=False, draft_vocab_size=None if draft_ids is None else len(draft_ids))
     check_compatible(config, base_model, source=str(folder))
     heads = build_heads(config, base_model, draft_ids)
-    _check_meta(meta, base_model.config, tuple(heads.family.draft_module(heads).taps), folder / CONFIG)
+    _check_meta(meta, base_model.config, heads.family.draft_module(heads), folder / CONFIG)
     expected = {to_file_key(k): v for k, v in heads.state_dict().items() if k != "draft_ids"}
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     check_keys(state, expected, where, "EAGLE-3")

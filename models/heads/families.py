@@ -84,6 +84,7 @@ class HeadFamily:
     # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
     window_recipes: ClassVar[tuple[str, ...]] = ()
     lm_head_bias: ClassVar[bool] = True       # own LM heads (share_lm_head false) have a bias
+    lm_head_from_base: ClassVar[bool] = True  # own LM heads start as the base's (draft-vocabulary) rows
 
     def num_lm_heads(self, num_heads: int) -> int:
         """Own LM heads built when the heads do not share the base's: one per head."""
@@ -217,11 +218,13 @@ class DraftModelFamily(AutoregressiveFamily):
 @register_family
 class Eagle3(AutoregressiveFamily):
     """EAGLE-3 (models/heads/eagle3.py): one layer over the base's fused taps and the next token, its own final norm
-    and LM head (no bias) over the draft vocabulary; trained by unrolling it over its own predictions."""
+    and LM head (no bias, freshly initialised) over the draft vocabulary; trained by unrolling it over its own
+    predictions."""
     name = "eagle3"
     recipes = ("eagle3",)
     attribute = "eagle3"
     lm_head_bias = False
+    lm_head_from_base = False                 # a fresh nn.Linear, as the authors' (models/heads/eagle3.py)
 
     def make_module(self, heads, base_model) -> nn.Module:
         return Eagle3Module.from_base(base_model)
