@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle install mlflow-ui
+.PHONY: repro test test-fast bench bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -53,6 +53,11 @@ conformance: $(STAMP)
 # our EAGLE-1 decoder step by step against the authors' eagle-llm 1.2.1, in its own .venv-conformance-eagle
 conformance-eagle: $(STAMP)
 	$(BIN)/python -m pipelines.conformance_eagle $(ARGS)
+
+# a seeded EAGLE-3 export loaded and run by the speculators library, in its own .venv-speculators; writes the
+# golden file tests/test_speculators_format.py replays (docs/conformance.md#speculators-interop)
+interop: $(STAMP)
+	$(BIN)/python -m pipelines.interop $(ARGS)
 
 # what Medusa-2's joint stage does to head 0 against its joint positions (after `dvc repro train@medusa2`);
 # OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"

@@ -2,7 +2,7 @@
 
 Trained heads in another tool's format, or another tool's heads in ours (models/heads/formats.py):
 
-  heads=X export.format=medusa|vllm|hydra|eagle|eagle3
+  heads=X export.format=medusa|vllm|hydra|eagle|eagle3|speculators
                                                  results/heads/X -> results/export/X-<format>/ (or export.dir=...)
   export.format=F export.import_from=FOLDER      FOLDER in format F -> a heads folder of ours: heads_dir=... or
                                                  results/heads/imported-F; then e.g.

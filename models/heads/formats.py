@@ -16,6 +16,9 @@
 - eagle3: vLLM's and SGLang's EAGLE-3 loaders (models/heads/eagle3_format.py): `model.safetensors` (fc, midlayer.*,
   norm, lm_head over the draft vocabulary, d2t, t2d) and `config.json` (LlamaForCausalLMEagle3, one layer,
   draft_vocab_size, the tapped layers in each loader's convention).
+- speculators: the speculators library's EAGLE-3 checkpoint, which vLLM serves as it is (models/heads/
+  speculators_format.py): eagle3's tensors with layers.0.* and embed_tokens, config.json an Eagle3SpeculatorConfig.
+  Written only (no import).
 
 What a format cannot hold is refused with the reason, never written approximately; what it holds differently is
 listed in the report's notes. The authors' loaders read with strict=False, so a file here has every key they build.
@@ -32,11 +35,13 @@ from models.base import model_name
 from models.heads import DraftHeads, HeadsConfig, check_compatible
 from models.heads.eagle3_format import read_eagle3, write_eagle3
 from models.heads.eagle_format import read_eagle, write_eagle
+from models.heads.speculators_format import write_speculators
 
-FORMATS = ("medusa", "vllm", "hydra", "eagle", "eagle3")
+FORMATS = ("medusa", "vllm", "hydra", "eagle", "eagle3", "speculators")
 FAMILIES_OF = {"medusa": ("medusa",), "vllm": ("medusa",), "hydra": ("hydra", "hydra_pp"), "eagle": ("eagle",),
-               "eagle3": ("eagle3",)}
-WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3}     # formats with a module of their own
+               "eagle3": ("eagle3",), "speculators": ("eagle3",)}
+WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3, "speculators": write_speculators}   # a module of their own
+WHY_NOT = {"speculators": "speculators 0.9 has no layout for them"}    # why a format holds no other family
 OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never score: their softmax weight is 0
 
 
@@ -47,6 +52,7 @@ def _check_exportable(heads: DraftHeads, fmt: str, has_adapter: bool) -> None:
     if family not in FAMILIES_OF[fmt]:
         fits = [f for f, fams in FAMILIES_OF.items() if family in fams]
         raise ValueError(f"format={fmt} holds {' and '.join(FAMILIES_OF[fmt])} heads, not {family!r} heads"
+                         + (f" ({WHY_NOT[fmt]})" if fmt in WHY_NOT else "")
                          + (f"; export them with format={' or format='.join(fits)}" if fits else
                             "; no format here has fields for this family"))
     if has_adapter:
