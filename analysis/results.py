@@ -154,7 +154,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     comps = standard_comparisons(summary)
     parts = [
         "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "
-        "reports/metrics/{prepare,distill,train_*,evaluate_*}.json, reports/conformance.json"
+        "reports/metrics/{prepare,distill,train_*}.json, reports/conformance.json"
         " and results/calibrate/latency.json -->",
         "# Results",
         "",
@@ -194,8 +194,9 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     ]
     if single_runs:
         parts += ["## Runs of one method each", "",
-                  "Methods run on their own (`evaluate_selected`), each beside the baseline and its peers in the same "
-                  "process; their speedups compare within a run, not with the tables above.", "",
+                  "Methods run on their own by hand (`python -m pipelines.evaluate heads=<h> tree=<t>`), each beside "
+                  "the baseline and its peers in the same process; their speedups compare within a run, not with the "
+                  "tables above.", "",
                   single_runs_section(single_runs)]
     costs = step_cost_rows(summary)
     if costs:
