@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from analysis.comparisons import compare, compare_across_runs, describe, fmt_interval
+from analysis.comparisons import compare, compare_across_runs, describe, fmt_interval, stronger_pld_name
 
 
 def _verdict(lo: float, hi: float, size: float | None = None) -> str:
@@ -142,11 +142,12 @@ EAGLE3_MEDUSA_PUBLISHED = "6.65 vs 2.59 accepted: 2.57x (EAGLE-3 paper, Vicuna-1
 
 
 def _eagle_pld_row(run: dict | None, family: str) -> dict | None:
-    """A family's calibrated tree alone against its run's stronger prompt lookup: speed, paired within the run."""
+    """A family's calibrated tree alone against the stronger prompt lookup: speed, paired by question (run: a run of
+    its own, reports/metrics/evaluate_<tag>.json, or the summary)."""
     mine = f"{family}-optimal"
     if not run or mine not in run.get("methods", {}):
         return None
-    pld = (run.get("strongest_pld") or {}).get("method")          # a run's metrics name it (reports/metrics)
+    pld = (run.get("strongest_pld") or {}).get("method") or stronger_pld_name(run)   # a run's metrics name it
     c = compare(run, mine, pld, "speedup") if pld else None
     if not (c and c["interval"]):
         return None
@@ -154,16 +155,18 @@ def _eagle_pld_row(run: dict | None, family: str) -> dict | None:
     v = _verdict(*c["interval"])
     reason = f"accepted length {describe(acc)}" if acc and acc["interval"] and v != "reproduced" else ""
     claim, published = PLD_PUBLISHED[family]
-    return _row(claim, published, describe(c) + f" ({mine} / {pld}, run {run.get('tag')})", v, reason)
+    where = run["methods"][mine].get("run") or run.get("tag")        # the merged summary: the method's own run
+    return _row(claim, published, describe(c) + f" ({mine} / {pld}, run {where})", v, reason)
 
 
 def _eagle_rows(runs: dict[str, dict], summary: dict) -> list[dict | None]:
     """EAGLE's claims from the EAGLE and EAGLE-3 runs of their own: each calibrated tree alone against its run's
     stronger prompt lookup, and EAGLE-3's accepted length against the main run's Medusa-1 on its calibrated tree
     (greedy accepted lengths do not depend on the run)."""
-    rows = [_eagle_pld_row(runs.get(tag), family) for family, tag in EAGLE_RUNS.items()]
+    rows = [_eagle_pld_row(runs.get(tag) or summary, family) for family, tag in EAGLE_RUNS.items()]
     run = runs.get(EAGLE_RUNS["eagle3"])
-    c = compare_across_runs(run, "eagle3-optimal", summary, "medusa1-optimal", "accept_length") if run else None
+    c = compare_across_runs(run, "eagle3-optimal", summary, "medusa1-optimal", "accept_length") if run else \
+        compare(summary, "eagle3-optimal", "medusa1-optimal", "accept_length")
     if c and c["interval"]:
         rows.append(_row("EAGLE-3 accepts more than Medusa", EAGLE3_MEDUSA_PUBLISHED,
                          describe(c) + f" ({c['a']} / {c['b']}, calibrated trees)", _verdict(*c["interval"], 2.57),
@@ -175,9 +178,19 @@ SPS_RUN = SPS_METHOD = "sps-optimal"   # the run that judges the draft model, an
 SPS_PUBLISHED = "SpS 1.52x (Spec-Bench: Vicuna-7B with a 68M draft model, A100)"
 
 
+def _plain(summary: dict) -> dict:
+    """The summary's methods in a run's metrics layout (reports/metrics/evaluate_<tag>.json): plain figures."""
+    def plain(m):
+        iv = m.get("intervals") or {}
+        return {"speedup": m["speedup"].get("mean"), "speedup_ci": (iv.get("speedup") or {}).get("ci"),
+                "accept_length": m["accept_length"].get("mean"), "questions": m.get("questions")}
+    tag = summary["methods"].get(SPS_METHOD, {}).get("run") or summary.get("tag")
+    return {"tag": tag, "methods": {n: plain(m) for n, m in summary["methods"].items()}}
+
+
 def _sps_row(run: dict | None) -> dict | None:
     """The draft model's speedup over its run's baseline, with transformers' assisted generation (the same draft
-    model) and the accepted lengths as the reason."""
+    model) and the accepted lengths as the reason (run: a run of its own, or _plain(summary))."""
     m = (run or {}).get("methods", {}).get(SPS_METHOD)
     if not (m and m.get("speedup_ci")):
         return None
@@ -186,7 +199,7 @@ def _sps_row(run: dict | None) -> dict | None:
         f"; transformers' assisted generation with the same draft model {hf['speedup']:.2f}x "
         f"({fmt_interval(hf.get('speedup_ci'))})" if hf.get("speedup") else "")
     return _row("A draft model (SpS) speeds decoding up", SPS_PUBLISHED,
-                f"{m['speedup']:.2f}x ({fmt_interval(m['speedup_ci'])}), {m.get('questions')} questions, run {SPS_RUN}",
+                f"{m['speedup']:.2f}x ({fmt_interval(m['speedup_ci'])}), {m.get('questions')} questions, run {run.get('tag')}",
                 v, reason if v != "reproduced" else "")
 
 
@@ -213,7 +226,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
                     "the tree over a chain in Medusa's ablation (A100; no single figure)", "medusa1-sparse64",
                     "medusa1-chain4", why=_tree_reason(summary, latency))]
     rows += _eagle_rows(single_runs or {}, summary)
-    rows.append(_sps_row((single_runs or {}).get(SPS_RUN)))
+    rows.append(_sps_row((single_runs or {}).get(SPS_RUN) or _plain(summary)))
     return [r for r in rows if r is not None]
 
 

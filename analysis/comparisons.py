@@ -4,9 +4,10 @@
     claims = claim_rows(summary, train_metrics={"medusa2": {...}})
 
 Every "A beats B" this repository states comes from here: the per-question values of the two methods
-(speedup over the baseline, or accepted tokens per step) on the questions both ran, the ratio of their
-means with a 95% paired bootstrap interval (models/measure/intervals.py), and the questions A wins.
-The summary is results/eval/<tag>/summary.json (pipelines/evaluate.py), whose methods carry `per_question`.
+(speedup over the baseline of the method's own run, or accepted tokens per step) on the questions both ran, the
+ratio of their means with a 95% paired bootstrap interval (models/measure/intervals.py), and the questions A wins.
+The summary is results/eval/<tag>/summary.json (pipelines/evaluate.py), or the runs of the DVC chains merged
+(analysis/merge.py); its methods carry `per_question`.
 """
 from __future__ import annotations
 

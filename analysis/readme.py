@@ -1,8 +1,10 @@
 """python -m analysis.readme
 
-The README's headline table, made from the committed reports/metrics/evaluate.json (and the runs of one method
-each, evaluate_<run>.json, beneath it): the block between the two
-markers below is rewritten, nothing else. tests/test_readme.py fails when the README and the metrics disagree.
+The README's headline table, made from the committed metrics: the DVC chains' reports/metrics/references.json
+with evaluate_<family>.json of each family (each method over its own stage's baseline) where references.json is
+there, else the one-process run's evaluate.json, and the runs of one method each (evaluate_<run>.json) beneath it:
+the block between the two markers below is rewritten, nothing else. tests/test_readme.py fails when the README and
+the metrics disagree.
 """
 from __future__ import annotations
 
@@ -91,8 +93,26 @@ def headline_block(metrics: dict, single_runs: dict[str, dict] | None = None) ->
 
 
 def single_runs(folder: Path = REPO_ROOT / "reports" / "metrics") -> dict[str, dict]:
-    """{run: reports/metrics/evaluate_<run>.json} of the methods run on their own."""
-    return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))}
+    """{run: reports/metrics/evaluate_<run>.json} of the methods run on their own (not the chains' evaluate@<family>)."""
+    return {p.stem[len("evaluate_"):]: json.loads(p.read_text()) for p in sorted(folder.glob("evaluate_*.json"))
+            if p.stem[len("evaluate_"):] not in FAMILY_LABELS}
+
+
+def headline_metrics(folder: Path = REPO_ROOT / "reports" / "metrics") -> dict:
+    """The metrics the headline shows: references.json with every family's evaluate_<family>.json methods merged in
+    (the DVC chains), or evaluate.json (one process) where there is no references.json."""
+    refs = folder / "references.json"
+    if not refs.is_file():
+        return json.loads((folder / "evaluate.json").read_text())
+    merged = json.loads(refs.read_text())
+    for family in FAMILY_LABELS:
+        path = folder / f"evaluate_{family}.json"
+        if path.is_file():
+            run = json.loads(path.read_text())
+            merged["methods"].update(run["methods"])
+            merged["lossless"] = merged["lossless"] and run["lossless"]
+            merged["lossless_checked_turns"] += run["lossless_checked_turns"]
+    return merged
 
 
 def refresh(readme: str, metrics: dict, runs: dict[str, dict] | None = None) -> str:
@@ -106,11 +126,10 @@ def refresh(readme: str, metrics: dict, runs: dict[str, dict] | None = None) -> 
 
 def main(argv: list[str]) -> None:
     readme = REPO_ROOT / "README.md"
-    metrics = json.loads((REPO_ROOT / "reports" / "metrics" / "evaluate.json").read_text())
-    text = refresh(readme.read_text(), metrics, single_runs())
+    text = refresh(readme.read_text(), headline_metrics(), single_runs())
     if text != readme.read_text():
         readme.write_text(text)
-        print("README.md: headline table rewritten from reports/metrics/evaluate.json")
+        print("README.md: headline table rewritten from reports/metrics/")
 
 
 if __name__ == "__main__":

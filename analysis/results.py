@@ -153,8 +153,8 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     s = summary.get("settings", {})
     comps = standard_comparisons(summary)
     parts = [
-        "<!-- written by `python -m pipelines.tables` from results/eval/<tag>/summary.json, "
-        "reports/metrics/{prepare,distill,train_*,evaluate_*}.json, reports/conformance.json"
+        "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "
+        "reports/metrics/{prepare,distill,train_*}.json, reports/conformance.json"
         " and results/calibrate/latency.json -->",
         "# Results",
         "",
@@ -163,7 +163,10 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         "",
         f"{ours_label(summary)}: {s.get('num_questions')} MT-Bench questions, {s.get('turns')} turn(s), "
         f"{s.get('max_new_tokens')} new tokens, {s.get('repeats')} run(s), {s.get('temperature_mode')} decoding, batch 1; "
-        "every method of a question runs back to back in one process, in an order rotated from question to question. "
+        "each evaluate stage (`references`: the prompt lookups; `evaluate@<heads>`: one family on its trees) runs its "
+        "methods and its own baseline back to back per question in one process, in an order rotated from question to "
+        "question; every speedup is over its own stage's baseline, and methods of different stages are paired by "
+        "question through those ratios. "
         f"Lossless: {'yes' if summary.get('lossless') else 'NO'} (every greedy answer equals its autoregressive "
         f"reference token for token; {summary.get('lossless_summary') or 'lossless'}).",
         "",
@@ -191,14 +194,15 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     ]
     if single_runs:
         parts += ["## Runs of one method each", "",
-                  "Methods run on their own (`evaluate_selected`), each beside the baseline and its peers in the same "
-                  "process; their speedups compare within a run, not with the tables above.", "",
+                  "Methods run on their own by hand (`python -m pipelines.evaluate heads=<h> tree=<t>`), each beside "
+                  "the baseline and its peers in the same process; their speedups compare within a run, not with the "
+                  "tables above.", "",
                   single_runs_section(single_runs)]
     costs = step_cost_rows(summary)
     if costs:
         parts += ["## Where the speedup comes from: tokens a step and step cost", "",
-                  "The main run, decode only (the prefill left out), pooled over each method's questions: all its "
-                  "decode time over all its steps, against the baseline's time per token on the same questions. "
+                  "Decode only (the prefill left out), pooled over each method's questions: all its decode time over "
+                  "all its steps, against its own stage's baseline's time per token on the same questions. "
                   "The speedup is the tokens a step divided by that cost, so a method that accepts more tokens than "
                   "another is still slower when its drafting and wider verify cost more.", "",
                   step_cost_table(costs)]

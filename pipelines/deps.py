@@ -3,8 +3,11 @@
 The code files each DVC stage runs: the import closure of its `python -m pipelines.<stage>` module
 over this repository's packages (models/, pipelines/, analysis/), read from the source (imports
 inside functions count too). `--check` compares it with dvc.yaml and exits 1 naming every stage
-that runs a file it does not depend on (a folder dep covers the files under it); without it,
-prints each stage's closure for pasting into dvc.yaml.
+that runs a file it does not depend on (a folder dep covers the files under it), and every code folder dep that
+holds a file its stage does not run (a folder dep is allowed where the stage runs all of it: a change to any other
+file would rerun the stage for nothing); without it, prints each stage's closure for pasting into dvc.yaml.
+The head families share one closure (models/heads/families.py imports every family's module), so the stages of
+one family's chain depend on the same code as another's.
 """
 from __future__ import annotations
 
@@ -101,12 +104,27 @@ def missing_deps(dvc_yaml: Path = REPO_ROOT / "dvc.yaml", root: Path = REPO_ROOT
     return out
 
 
+def broad_deps(dvc_yaml: Path = REPO_ROOT / "dvc.yaml", root: Path = REPO_ROOT) -> dict[str, list[str]]:
+    """{stage: code files under one of its folder deps that it does not run} (empty when every folder dep is exact)."""
+    out = {}
+    for name, (module, deps) in stage_modules(dvc_yaml).items():
+        closure = set(import_closure(module, root))
+        folders = [d.rstrip("/") for d in deps if d.split("/")[0] in PACKAGES and (root / d).is_dir()]
+        extra = sorted(str(f.relative_to(root)) for d in folders for f in (root / d).rglob("*.py")
+                       if "__pycache__" not in f.parts and str(f.relative_to(root)) not in closure)
+        if extra:
+            out[name] = extra
+    return out
+
+
 def main(argv: list[str]) -> int:
     if "--check" in argv:
-        missing = missing_deps()
+        missing, broad = missing_deps(), broad_deps()
         for name, files in missing.items():
             print(f"stage {name}: runs {', '.join(files)} without depending on them (dvc.yaml)")
-        return 1 if missing else 0
+        for name, files in broad.items():
+            print(f"stage {name}: a folder dep holds {', '.join(files)}, which it does not run (list its files instead)")
+        return 1 if missing or broad else 0
     for name, (module, _) in stage_modules(REPO_ROOT / "dvc.yaml").items():
         print(f"{name} ({module}):")
         print("\n".join(f"  - {f}" for f in import_closure(module)))

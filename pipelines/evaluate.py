@@ -1,6 +1,6 @@
-"""python -m pipelines.evaluate [heads=hydra_pp tree=sparse64] [profile=smoke] [eval.methods=all|selected|auto]
+"""python -m pipelines.evaluate [heads=hydra_pp tree=sparse64] [profile=smoke] [eval.methods=heads|references|...]
 
-MT-Bench speed evaluation at batch size 1, every method in this one process:
+MT-Bench speed evaluation at batch size 1, the methods of one run (eval.methods) in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
   <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree; a tree with
                            `lookup: true` (optimal_pld, dynamic_pld) merges prompt lookup's chain into it
@@ -12,19 +12,20 @@ MT-Bench speed evaluation at batch size 1, every method in this one process:
                            the reference of <draft model>-<tree>
   baseline-<heads>         autoregressive reference of a backbone changed by a LoRA adapter (Medusa-2):
                            only used to check that family's losslessness, not a table entry
-Which heads and trees: eval.methods (conf/eval/mtbench.yaml). `all` (the default run) = every family in
-profile.eval.families x every tree in profile.eval.trees, written to results/eval/all/ and
-reports/metrics/evaluate.json; overriding heads= or tree= selects that one method (plus baseline and
-the two PLDs), written to results/eval/<heads>-<tree>/ and reports/metrics/evaluate_<heads>-<tree>.json.
-In DVC: stage `evaluate` runs eval.methods=all; `dvc exp run -S heads=hydra_pp -S tree=sparse64` adds
-the stage evaluate_selected@hydra_pp-sparse64 (eval.selected_runs) and leaves `evaluate` as it was.
+Which heads and trees: eval.methods (conf/eval/mtbench.yaml). In DVC each family has its own stage,
+evaluate@<heads> (eval.methods=heads): the baseline and those heads on every tree of profile.eval.trees, written to
+results/eval/<heads>/ and reports/metrics/evaluate_<heads>.json; the stage `references` (eval.methods=references)
+runs the baseline and both prompt lookups into results/eval/references/. Every speedup is over its own run's
+baseline; pipelines.tables pairs methods of different runs by question through those ratios. By hand,
+`heads=hydra_pp tree=sparse64` runs that one method beside the prompt lookups (results/eval/<heads>-<tree>/), and
+eval.methods=all every family x tree in one process (results/eval/all/).
 
 Protocol (docs/reference.md#evaluation-protocol): profile.eval.turns turns per question (turn 2 sees turn 1's answer:
 the baseline's, so every method gets the same prompt), warm-up generations first, greedy unless
 eval.temperature_mode=category; for each question the methods run back to back, their order rotated
 from question to question, so machine drift cancels in the ratios; profile.eval.repeats runs. Every
 turn records its prefill and decode time: speedups end to end and decode-only (models/measure/benchmark.py).
-In the full run (eval.methods=all) a tree in profile.eval.tree_questions runs on that many of the
+In a heads or all run a tree in profile.eval.tree_questions runs on that many of the
 questions only (spread over the categories; its speedups are over those questions, the tables say so).
 Outputs in results/eval/<tag>/: <method>.json (settings, summary, every turn record), summary.json
 (what pipelines.tables reads), lossless_report.json. The stage fails after writing them all when a
@@ -62,6 +63,9 @@ from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
                                tree_question_limits)
+
+
+SWEEP_MODES = ("heads", "all")     # runs over profile.eval.trees, where profile.eval.tree_questions applies
 
 
 # -- 2) running one turn ---------------------------------------------------------------------------
@@ -225,7 +229,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
                 "repeats": int(ev.repeats), "warmup": int(ev.warmup), "temperature_mode": cfg.eval.temperature_mode,
                 "acceptance": cfg.eval.acceptance, "rotate_order": bool(cfg.eval.rotate_order),
                 "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device,
-                "tree_questions": tree_question_limits(cfg) if sel.mode == "all" else {},
+                "tree_questions": tree_question_limits(cfg) if sel.mode in SWEEP_MODES else {},
                 "prompt_lookup": OmegaConf.to_container(cfg.eval.prompt_lookup, resolve=True)}
     summary = {"tag": sel.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
                "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
@@ -246,7 +250,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = metrics_of(summary, lossless, per_question=sel.mode == "selected")    # a selected run: paired later
+    metrics = metrics_of(summary, lossless, per_question=sel.mode != "all")    # paired with other runs later
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 
@@ -280,8 +284,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
         import mlflow
 
         with torch.inference_mode():
-            # the budget cut (profile.eval.tree_questions) is for the full run; a selected method runs on all
-            subsets = question_subsets(cfg, methods, questions) if sel.mode == "all" else {}
+            # the budget cut (profile.eval.tree_questions) is for the tree sweeps; a selected method runs on all
+            subsets = question_subsets(cfg, methods, questions) if sel.mode in SWEEP_MODES else {}
             store = RecordStore(Path(cfg.paths.data) / "eval-records" / cfg.model.name / sel.tag,
                                 *fingerprint(cfg, sel, methods, questions, device))
             records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, store, subsets)

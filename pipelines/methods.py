@@ -1,8 +1,9 @@
 """Which methods an evaluation runs, and the drafter each decodes with (used by evaluate, generate and the benches).
 
-    sel = selection(cfg)                       # all: profile.eval.families x profile.eval.trees; selected: heads x tree
-    methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, pld, pld_hf, <draft model>_hf,
-                                               # baseline-<adapted heads>
+    sel = selection(cfg)                       # heads: one family x profile.eval.trees; references: the prompt
+                                               # lookups; selected: heads x tree; all: families x trees
+    methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, <draft model>_hf, baseline-<adapted heads>,
+                                               # and pld, pld_hf, eval.drafters where sel.peers
     drafter = drafter_for(method, cfg)         # a fresh drafter for one answer (None: the baseline)
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from models.measure.latency import relative_step_costs
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import REPO_ROOT, log
 
-METHOD_MODES = ("auto", "all", "selected")
+METHOD_MODES = ("auto", "all", "selected", "heads", "references")
 
 
 @dataclass
@@ -58,14 +59,23 @@ class Selection:
     metrics_name: str              # reports/metrics/<metrics_name>.json
     heads: list[str]               # heads names (results/heads/<name>)
     trees: list[str | None]        # tree names; None = this config's own tree
+    peers: bool = True             # both prompt lookups and eval.drafters run too
 
 
 def selection(cfg: DictConfig) -> Selection:
-    """What to run: eval.methods = all | selected, or auto (conf/eval/mtbench.yaml's eval.tag rule)."""
+    """What to run: eval.methods = heads | references | all | selected, or auto (conf/eval/mtbench.yaml's eval.tag
+    rule)."""
     methods = cfg.eval.methods
     if methods not in METHOD_MODES:
         raise ValueError(f"eval.methods={methods!r} is not known; use one of {list(METHOD_MODES)}")
     mode = methods if methods != "auto" else ("all" if cfg.eval.tag == "all" else "selected")
+    if mode == "references":
+        return Selection("references", "references", "references", [], [])
+    if mode == "heads":
+        name = cfg.heads.name
+        if cfg.heads.get("family") == "none":
+            raise ValueError(f"eval.methods=heads needs trained heads, not heads={name!r}; use eval.methods=references")
+        return Selection("heads", name, f"evaluate_{name}", [name], list(cfg.profile.eval.trees), peers=False)
     if mode == "all":
         return Selection("all", "all", "evaluate", list(cfg.profile.eval.families), list(cfg.profile.eval.trees))
     tag = f"{cfg.heads.name}-{cfg.tree.name}"
@@ -156,10 +166,11 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             twin = heads.family.draft_module(heads).to_causal_lm(base)
             methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family="draft_model",
                                   reference=reference, assistant=twin))
-    if cfg.eval.prompt_lookup.enabled:
+    if sel.peers and cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]
-    for name, spec in (OmegaConf.to_container(cfg.eval.drafters, resolve=True) if cfg.eval.get("drafters") else {}).items():
+    drafters = cfg.eval.get("drafters") if sel.peers else None
+    for name, spec in (OmegaConf.to_container(drafters, resolve=True) if drafters else {}).items():
         make_drafter(spec)                # an unknown kind or a bad setting fails here, before any decoding
         methods.append(Method(name, "drafter", model, reference="baseline", spec=spec))
     # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines

@@ -1,11 +1,12 @@
-"""python -m pipelines.tables [eval.table_tag=all]
+"""python -m pipelines.tables
 
 The papers' tables with ours beside the published numbers (docs/reference.md#published-numbers), from the
-evaluate summary results/eval/<eval.table_tag>/summary.json (and results/calibrate/*/calibration.json
-when present). Writes to reports/:
+evaluate runs of the chains, results/eval/references/ and results/eval/<heads>/ for each family of
+profile.eval.families, merged into one summary (analysis/merge.py: every speedup over its own run's baseline,
+methods of different runs paired by question), and results/calibrate/*/calibration.json when present.
+Writes to reports/:
 
-  tables.md, tables.tex            Medusa table, Hydra table, EAGLE and draft-model table (also from
-                                   reports/metrics/evaluate_<tag>.json, the runs of one method each), speedups
+  tables.md, tables.tex            Medusa table, Hydra table, EAGLE and draft-model table, speedups
                                    (end to end, decode-only, against the stronger prompt lookup), per category,
                                    tree choice, calibration
   speedup_per_category.png         bars per category for the methods on eval.plot_tree (+ both PLDs)
@@ -15,8 +16,8 @@ when present). Writes to reports/:
   speedup.csv                      one row per method: the data behind `dvc plots show`
   results.md                       the results document: headline figures with 95% intervals, paired comparisons,
                                    the papers' claims judged by them, per-category means, Medusa-2's joint stage
-                                   (also reads reports/metrics/train_*.json, evaluate_<tag>.json of the runs of
-                                   one method each, reports/conformance.json and results/calibrate/latency.json)
+                                   (also reads reports/metrics/train_*.json, reports/conformance.json and
+                                   results/calibrate/latency.json)
   speedup_intervals.png            every method's speedup with its interval
   comparisons.png                  the paired comparisons, ratio and interval
 """
@@ -30,9 +31,9 @@ from omegaconf import DictConfig
 
 from analysis import plots
 from analysis.comparisons import standard_comparisons
-from analysis.readme import single_runs
+from analysis.merge import merged_summary
 from analysis.results import results_markdown
-from analysis.tables import build_tables, calibration_rows, load_calibrations, load_summary, to_latex, to_markdown
+from analysis.tables import build_tables, calibration_rows, load_calibrations, to_latex, to_markdown
 from pipelines.common import log, mlflow_run, stage
 
 TABLE_ORDER = ("medusa", "hydra", "eagle", "speed", "category", "tree_choice", "calibration")
@@ -87,12 +88,11 @@ def load_json_if_present(path: Path) -> dict | None:
 def make_reports(cfg: DictConfig) -> list[Path]:
     """Write tables.md, tables.tex, the PNGs and speedup.csv to cfg.paths.reports; return their paths."""
     results, reports = Path(cfg.paths.results), Path(cfg.paths.reports)
-    summary = load_summary(results / "eval" / cfg.eval.table_tag / "summary.json")
+    summary = merged_summary(results / "eval", list(cfg.profile.eval.families))
     calibrations = load_calibrations(results / "calibrate")
-    runs = single_runs(reports / "metrics")
-    tables = build_tables(summary, calibrations, runs)
-    header = (f"<!-- written by `python -m pipelines.tables` from results/eval/{cfg.eval.table_tag}/summary.json -->\n"
-              f"{settings_line(summary)}\n\n")
+    tables = build_tables(summary, calibrations)
+    header = (f"<!-- written by `python -m pipelines.tables` from results/eval/{{{','.join(summary['runs'])}}}/summary.json"
+              f" -->\n{settings_line(summary)}\n\n")
     md = header + "\n".join(to_markdown(tables[k]) for k in TABLE_ORDER if k in tables)
     tex = "% written by `python -m pipelines.tables`\n" + "\n".join(to_latex(tables[k]) for k in TABLE_ORDER if k in tables)
     reports.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,6 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
-                                                         single_runs=runs,
                                                          conformance=load_json_if_present(reports / "conformance.json")))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))

@@ -60,13 +60,12 @@ def test_unknown_option_on_a_stage_command_line():
     assert "Could not find 'model/no_such_model'" in out.stderr and "smollm2_135m" in out.stderr
 
 
-def test_params_yaml_is_the_composition_of_conf(monkeypatch):
-    """The committed params.yaml is conf/ composed with the overrides its first line records (none: conf/ alone)."""
+def test_params_yaml_is_the_default_composition(monkeypatch):
+    """The committed params.yaml is conf/ composed with no overrides: the default pipeline, not an experiment."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     text = (REPO_ROOT / "params.yaml").read_text()
-    overrides = recorded_overrides(text)
-    assert text == params_text(overrides), (
-        f"params.yaml is stale: run `python -m pipelines.params {' '.join(overrides)}` after changing conf/")
+    assert recorded_overrides(text) == [], "params.yaml records overrides: run `python -m pipelines.params` before committing"
+    assert text == params_text([]), "params.yaml is stale: run `python -m pipelines.params` after changing conf/"
 
 
 def test_params_record_their_overrides(monkeypatch):
@@ -102,14 +101,20 @@ def dvc_stages(tmp_path, overrides: list[str]) -> dict[str, list[str]]:
         repo.close()
 
 
-def test_dvc_exp_run_override_adds_its_own_evaluate_stage(tmp_path, monkeypatch):
+def test_dvc_runs_one_chain_per_family_beside_the_references(tmp_path, monkeypatch):
+    """train@h -> calibrate@h -> evaluate@h for every family of pipeline_heads, each writing its own outputs; one
+    references stage; a profile that evaluates fewer families (profile=smoke) has fewer evaluate stages."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     default = dvc_stages(tmp_path / "default", [])
-    assert "evaluate" in default and not any(name.startswith("evaluate_selected") for name in default)
-    assert default["evaluate"] == ["reports/metrics/evaluate.json", "results/eval/all"]
+    heads = list(compose_with().pipeline_heads)
+    for h in heads:
+        assert default[f"train@{h}"] == [f"reports/metrics/train_{h}.json", f"results/heads/{h}"]
+        assert default[f"calibrate@{h}"] == [f"reports/metrics/calibrate_{h}.json", f"results/calibrate/{h}"]
+        assert default[f"evaluate@{h}"] == [f"reports/metrics/evaluate_{h}.json", f"results/eval/{h}"]
+    assert default["references"] == ["reports/metrics/references.json", "results/eval/references"]
+    assert set(default) == {"assets", "prepare", "distill", "calibrate_latency", "references", "tables",
+                            *[f"{s}@{h}" for s in ("train", "calibrate", "evaluate") for h in heads]}
 
-    chosen = dvc_stages(tmp_path / "chosen", ["heads=hydra_pp", "tree=sparse64"])
-    assert chosen["evaluate_selected@hydra_pp-sparse64"] == ["reports/metrics/evaluate_hydra_pp-sparse64.json",
-                                                             "results/eval/hydra_pp-sparse64"]
-    # every other stage keeps its outputs: the default results are not touched
-    assert {k: v for k, v in chosen.items() if not k.startswith("evaluate_selected")} == default
+    smoke = dvc_stages(tmp_path / "smoke", ["profile=smoke"])
+    families = list(compose_with("profile=smoke").profile.eval.families)
+    assert sorted(n for n in smoke if n.startswith("evaluate@")) == sorted(f"evaluate@{h}" for h in families)

@@ -244,7 +244,7 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
             f"paths.reports={tmp_path / 'reports'}", f"data.questions_file={stage_cfg.data.questions_file}",
             "profile.eval.num_questions=2", "profile.eval.max_new_tokens=8", "profile.eval.warmup=0",
             "profile.eval.turns=1", "+profile.eval.tree_questions.chain4=1", "eval.prompt_lookup.enabled=false"])
-    assert cfg.eval.tag == "hydra-chain4" and list(cfg.eval.selected_runs) == ["hydra-chain4"]
+    assert cfg.eval.tag == "hydra-chain4"
     with open_dict(cfg):
         cfg.eval.num_threads = 1
     summary = run_evaluation(cfg)
@@ -265,7 +265,44 @@ def test_selected_trees_join_a_selected_run_under_its_tag():
     sel = selection(cfg)
     assert (sel.mode, sel.tag, sel.heads, sel.trees) == ("selected", "hydra-optimal_pld", ["hydra"],
                                                         [None, "optimal", "chain4"])
-    assert list(cfg.eval.selected_runs) == ["hydra-optimal_pld"]
+
+
+def test_a_chain_runs_its_own_baseline_and_the_tables_pair_it_with_the_references(stage_cfg, tmp_path):
+    """evaluate@hydra (eval.methods=heads): the baseline and hydra on every tree of profile.eval.trees, no prompt
+    lookup; references: the baseline and both prompt lookups. Merged for the tables, every method keeps its speedup
+    over its own run's baseline, and methods of the two runs are paired question by question through those."""
+    from analysis.comparisons import compare
+    from analysis.merge import merged_summary
+    from pipelines.common import apply_selection
+    from pipelines.evaluate import run_evaluation
+
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.repeats = 1
+        stage_cfg.profile.eval.turns = 1
+        stage_cfg.select = {"heads": "hydra"}
+    heads_cfg = apply_selection(stage_cfg)
+    heads_cfg.eval.methods = "heads"
+    ours = run_evaluation(heads_cfg)
+    assert set(ours["methods"]) == {"baseline", "hydra-sparse64", "hydra-chain4"}
+    refs_cfg = heads_cfg.copy()
+    refs_cfg.eval.methods = "references"
+    refs = run_evaluation(refs_cfg)
+    assert set(refs["methods"]) == {"baseline", "pld", "pld_hf"}
+    metrics = tmp_path / "reports" / "metrics"
+    assert set(read(metrics / "evaluate_hydra.json")["methods"]["hydra-chain4"]["per_question"]) == {"1", "2"}
+    assert read(metrics / "references.json")["strongest_pld"]["method"] in ("pld", "pld_hf")
+
+    merged = merged_summary(tmp_path / "results" / "eval", ["hydra", "medusa1"])   # medusa1 has not run: left out
+    assert set(merged["methods"]) == {"baseline", "pld", "pld_hf", "hydra-sparse64", "hydra-chain4"}
+    assert merged["methods"]["hydra-chain4"]["run"] == "hydra" and merged["methods"]["pld"]["run"] == "references"
+    assert merged["methods"]["hydra-chain4"]["speedup"] == ours["methods"]["hydra-chain4"]["speedup"]
+    assert merged["settings"]["tree_questions"] == {"sparse64": 1} and merged["lossless"]
+    pld_q = {q: r["speedup"] for q, r in refs["methods"]["pld"]["per_question"].items()}
+    assert merged["methods"]["hydra-sparse64"]["pld_speedups"]["pld"] == pytest.approx(pld_q["1"])   # its 1 question
+    hydra_q = {q: r["speedup"] for q, r in ours["methods"]["hydra-chain4"]["per_question"].items()}
+    c = compare(merged, "hydra-chain4", "pld")
+    assert c["questions"] == 2 and c["ratio"] == pytest.approx(sum(hydra_q.values()) / sum(pld_q.values()))
+    assert c["wins"] == sum(hydra_q[q] > pld_q[q] for q in hydra_q)
 
 
 def test_broken_method_fails_losslessness_naming_question_turn_position(stage_cfg, tmp_path, monkeypatch):

@@ -230,3 +230,18 @@ def test_the_draft_model_claim_is_judged_on_its_own_runs_interval():
     rows = {r["claim"]: r for r in claim_rows(summary, single_runs={"sps-optimal": run(1.1, 1.3)})}
     assert rows["A draft model (SpS) speeds decoding up"]["verdict"] == "reproduced"
     assert "A draft model (SpS) speeds decoding up" not in {r["claim"] for r in claim_rows(summary)}
+
+
+def test_claims_of_the_chains_merged_runs_are_judged_from_the_summary():
+    """The DVC chains' runs merged into one summary (analysis/merge.py), each method over its own run's baseline:
+    the EAGLE and draft-model claims come from the summary itself, paired by question with the stronger prompt
+    lookup of the references run."""
+    summary = _summary()
+    for family, factor, accept, seed in (("eagle", 1.5, 2, 8), ("sps", 0.9, 1, 9)):
+        m = _eagle_run(family, factor, accept, seed)["methods"][f"{family}-optimal"]
+        summary["methods"][f"{family}-optimal"] = {"kind": "heads", "heads": family, "tree": "optimal", "run": family, **m}
+    rows = {r["claim"]: r for r in claim_rows(summary)}
+    eagle = rows["EAGLE beats prompt lookup"]
+    assert eagle["verdict"] == "reproduced" and "eagle-optimal / pld, run eagle" in eagle["ours"]
+    sps = rows["A draft model (SpS) speeds decoding up"]
+    assert sps["verdict"] == "reversed" and "16 questions, run sps" in sps["ours"]

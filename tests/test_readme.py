@@ -8,9 +8,7 @@ import subprocess
 
 import pytest
 
-from analysis.readme import END, REPO_ROOT, START, headline_block, refresh, single_runs
-
-METRICS = REPO_ROOT / "reports" / "metrics" / "evaluate.json"
+from analysis.readme import END, REPO_ROOT, START, headline_block, headline_metrics, refresh, single_runs
 
 
 def tracked_text_files() -> list:
@@ -27,8 +25,27 @@ def slug(heading: str) -> str:
 def test_the_readme_headline_table_is_the_committed_metrics():
     readme = (REPO_ROOT / "README.md").read_text()
     block = readme[readme.index(START):readme.index(END) + len(END)]
-    assert block == headline_block(json.loads(METRICS.read_text()), single_runs()), (
-        "README's headline table differs from reports/metrics/evaluate.json: run `python -m analysis.readme`")
+    assert block == headline_block(headline_metrics(), single_runs()), (
+        "README's headline table differs from reports/metrics/: run `python -m analysis.readme`")
+
+
+def test_the_chains_metrics_make_one_headline_and_are_not_runs_of_one_method(tmp_path):
+    """references.json and each family's evaluate_<family>.json (the DVC chains) make the headline, each method's
+    figures as its own stage measured them; a run by hand (evaluate_<heads>-<tree>.json) stays beneath it."""
+    row = {"questions": 2, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "accept_length": 1.5, "accept_length_ci": None}
+    head = {"num_questions": 2, "max_new_tokens": 8, "baseline_tokens_per_s": 10.0}
+    files = {"references": {**head, "lossless": True, "lossless_checked_turns": 4, "methods": {"pld": row}},
+             "evaluate_hydra": {**head, "lossless": True, "lossless_checked_turns": 6,
+                                "methods": {"hydra-optimal": {**row, "speedup": 1.1}}},
+             "evaluate_hydra-chain4": {**head, "methods": {"hydra-chain4": row}}}
+    for stem, body in files.items():
+        (tmp_path / f"{stem}.json").write_text(json.dumps(body))
+    metrics = headline_metrics(tmp_path)
+    assert set(metrics["methods"]) == {"pld", "hydra-optimal"} and metrics["lossless_checked_turns"] == 10
+    assert metrics["methods"]["hydra-optimal"]["speedup"] == 1.1 and metrics["lossless"]
+    assert set(single_runs(tmp_path)) == {"hydra-chain4"}
+    block = headline_block(metrics, single_runs(tmp_path))
+    assert "| Hydra, calibrated tree | 2 | 1.10x (1.10 to 1.30) | 1.50 |" in block
 
 
 def test_the_readme_is_a_front_page():

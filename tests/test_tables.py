@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis import plots
+from analysis.results import results_markdown
 from analysis.published import PUBLISHED, published_cells, published_models, published_value
 from analysis.tables import (build_tables, calibration_rows, latex_escape, load_calibrations, load_summary, to_latex,
                              to_markdown)
@@ -234,14 +235,27 @@ def test_plots_are_written(summary, tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
 
 
+def write_chain_runs(summary: dict, folder: Path) -> None:
+    """The summary split as the DVC stages write it: results/eval/references (the baseline and the prompt lookups)
+    and results/eval/<heads> (the baseline and that family's methods), each run with its own baseline."""
+    ms = summary["methods"]
+    runs = {"references": [n for n, m in ms.items() if m["kind"] in ("pld", "pld_hf")]}
+    for n, m in ms.items():
+        if m["kind"] == "heads":
+            runs.setdefault(m["heads"], []).append(n)
+    for tag, names in runs.items():
+        (folder / tag).mkdir(parents=True)
+        run = {**summary, "tag": tag, "methods": {"baseline": ms["baseline"], **{n: ms[n] for n in names}}}
+        (folder / tag / "summary.json").write_text(json.dumps(run))
+
+
 def test_tables_stage_writes_reports(summary, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from pipelines.common import CONF_DIR
     from pipelines.tables import make_reports
 
-    (tmp_path / "results" / "eval" / "all").mkdir(parents=True)
-    (tmp_path / "results" / "eval" / "all" / "summary.json").write_text(json.dumps(summary))
+    write_chain_runs(summary, tmp_path / "results" / "eval")
     with initialize_config_dir(CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"paths.results={tmp_path / 'results'}",
                                                        f"paths.reports={tmp_path / 'reports'}"])
@@ -278,8 +292,7 @@ def test_results_document_shows_runs_of_one_method_and_the_official_code_compari
     from pipelines.common import CONF_DIR
     from pipelines.tables import make_reports
 
-    (tmp_path / "results" / "eval" / "all").mkdir(parents=True)
-    (tmp_path / "results" / "eval" / "all" / "summary.json").write_text(json.dumps(summary))
+    write_chain_runs(summary, tmp_path / "results" / "eval")
     single = {"tag": "sps-optimal", "lossless": True, "lossless_checked_turns": 96, "num_questions": 24,
               "max_new_tokens": 128, "baseline_tokens_per_s": 10.5,
               "methods": {"sps-optimal": {"speedup": 0.95, "speedup_ci": [0.9, 1.0], "accept_length": 1.42,
@@ -287,21 +300,26 @@ def test_results_document_shows_runs_of_one_method_and_the_official_code_compari
                                           "speedup_pooled": {"value": 0.94, "ci": [0.89, 0.99]}},
                           "sps_hf": {"speedup": 0.64, "speedup_ci": [0.61, 0.68], "accept_length": 1.33,
                                      "accept_length_ci": [1.3, 1.36], "questions": 24}}}
-    (tmp_path / "reports" / "metrics").mkdir(parents=True)
-    (tmp_path / "reports" / "metrics" / "evaluate_sps-optimal.json").write_text(json.dumps(single))
     row = {"steps_compared": 315, "identical": True, "first_mismatch": None, "steps_accepting_drafts": 159,
            "mean_tokens_per_step": 1.64, "tokens_per_second": {"ours": 3.87, "official": 1.36}}
     report = {"machine": "AMD EPYC", "threads": 2, "official": "medusa-llm 0.1",
               "cases": {"trained": {"questions": 8, "new_tokens": 64, "baseline_tokens_per_second": 6.23,
                                     "trees": {"head63": row}}}}
+    (tmp_path / "reports" / "metrics").mkdir(parents=True)
+    (tmp_path / "reports" / "metrics" / "evaluate_sps-optimal.json").write_text(json.dumps(single))   # by hand
     (tmp_path / "reports" / "conformance.json").write_text(json.dumps(report))
     with initialize_config_dir(CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"paths.results={tmp_path / 'results'}",
                                                        f"paths.reports={tmp_path / 'reports'}"])
     make_reports(cfg)
     text = (tmp_path / "reports" / "results.md").read_text()
+    assert "## Runs of one method each" not in text           # the stage shows the chains' runs, not runs by hand
+    assert "every speedup is over its own stage's baseline" in text
+    text = results_markdown(summary, single_runs={"sps-optimal": single})
     assert "## Runs of one method each" in text and "`sps-optimal`: 24 questions" in text
     assert "| sps-optimal | 24 | 0.95x (0.90 to 1.00) | 0.94x (0.89 to 0.99) | 1.42 (1.38 to 1.46) |" in text
     assert "| sps_hf | 24 | 0.64x (0.61 to 0.68) | - | 1.33 (1.30 to 1.36) |" in text
+    assert "## Against the authors' Medusa code" in (tmp_path / "reports" / "results.md").read_text()
+    text = results_markdown(summary, conformance=report)
     assert "## Against the authors' Medusa code" in text and "against medusa-llm 0.1" in text
     assert "| trained (8 q x 64 tok) | HEAD, mc_sim_7b_63 (63 nodes) | 315 | yes | 159 | 1.64 | 3.87 | 1.36 | 2.85x |" in text
