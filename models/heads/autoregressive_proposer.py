@@ -1,6 +1,6 @@
 """The autoregressive drafters' proposer (EAGLE-1, EAGLE-3, a draft model): the draft module (models/heads/
 eagle.py, eagle3.py, draft_model.py) run over its own predicted features, one batched forward per depth of the
-frontier, registered with the engine by family name (models/engine/drafters/proposer.py):
+frontier (registered with the engine by models/heads/drafting.py; the protocol: models/engine/drafters/proposer.py):
 
     drafter = make_drafter({"kind": "heads", "tree": spec}, heads=eagle_heads)   # a DraftHeads of family eagle:
                                                                                  # its LM head, draft vocabulary
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from models.engine.drafters.base import AdvanceHistory, DraftContext, register_drafter
-from models.engine.drafters.proposer import Frontier, register_proposer
+from models.engine.drafters.proposer import Frontier
 from models.engine.drafters.tree import TreeDrafter
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
@@ -38,7 +38,6 @@ from models.engine.trees import TreeBuffers, TreeSpec
 __all__ = ["AutoregressiveProposer", "EagleDrafter"]
 
 
-@register_proposer("eagle", "eagle3", "draft_model")
 class AutoregressiveProposer:
     """The draft layer's state and proposals. heads: a DraftHeads of the eagle family (its layer, its LM head
     over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full

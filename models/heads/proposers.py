@@ -1,7 +1,7 @@
-"""The draft heads' proposer (Medusa, Hydra, Hydra++), registered with the engine by family name
-(models/engine/drafters/proposer.py: the protocol, select_children and the tree walk).
+"""The draft heads' proposer (Medusa, Hydra, Hydra++ and their subclasses; registered with the engine by
+models/heads/drafting.py; models/engine/drafters/proposer.py: the protocol, select_children and the tree walk).
 
-    proposer = proposer_for(heads)                  # HeadsProposer for a heads object of these families
+    proposer = proposer_for(heads)                  # HeadsProposer for heads of a non-autoregressive family
     proposer.start(ctx); logits = proposer.scores(frontier)                # [P or 1, Vd]
 
 - Medusa: head k sees h_t only, so every node of a depth gets the same children: all heads run once per
@@ -19,14 +19,13 @@ from __future__ import annotations
 import torch
 
 from models.engine.drafters.base import AdvanceHistory, DraftContext
-from models.engine.drafters.proposer import Frontier, register_proposer
+from models.engine.drafters.proposer import Frontier
 from models.engine.kv_cache import new_cache
 from models.engine.projection import project
 from models.heads.draft_heads import DraftHeads
 from models.heads.families import get_family
 
 
-@register_proposer("medusa", "hydra", "hydra_pp")
 class HeadsProposer:
     """heads: a DraftHeads, or any object with its config, head_logits (and prefix_forward for Hydra++)."""
     taps = ()

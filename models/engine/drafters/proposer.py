@@ -1,7 +1,7 @@
 """The proposer protocol: what drafts a tree's tokens from a model (draft heads, EAGLE's layer, a draft model),
 the one place children are selected from its scores, and the walk that drafts a given tree depth by depth.
 
-    proposer = proposer_for(heads)            # the method registered for heads.config.family (register_proposer)
+    proposer = proposer_for(heads)            # from the factory the heads' method registered (register_proposer)
     proposer.start(ctx)                       # DraftContext after the prefill
     tokens, draft_q, node_probs = draft_tree(proposer, root, buf, sampling, generator, want_probs=True)
     proposer.advance(hidden, tokens, position)            # the accepted path, as StepDrafter.advance
@@ -12,7 +12,7 @@ the frontier gets the same ones, as Medusa's heads, which read no path). select_
 children: the top-k, or k draws without replacement from the warped distribution q (lossless sampling with
 draft="sample"), with their log-probabilities. A fixed tree expands the nodes its topology names (draft_tree);
 a tree grown per step expands the best ones through the same calls. The engine never imports a method: methods
-register their proposer factory by family name.
+register a proposer factory.
 """
 from __future__ import annotations
 
@@ -142,26 +142,25 @@ def proposer_device(proposer: Proposer) -> torch.device:
     return getattr(proposer, "device", None) or torch.device("cpu")
 
 
-PROPOSERS: dict[str, Callable[..., Proposer]] = {}
+PROPOSERS: list[Callable[..., "Proposer | None"]] = []
 
 
-def register_proposer(*families: str):
-    """@register_proposer("medusa", ...) on a factory(heads) -> Proposer, for heads whose config.family is one
-    of `families` (a method registers its own; the engine only looks them up)."""
-    def add(factory):
-        for name in families:
-            if name in PROPOSERS:
-                raise ValueError(f"a proposer for family {name!r} is already registered")
-            PROPOSERS[name] = factory
-        return factory
-    return add
+def register_proposer(factory):
+    """Register factory(heads) -> a Proposer for the heads it knows, None for others (a method registers its own;
+    the engine only asks them in turn). Usable as a decorator."""
+    if factory in PROPOSERS:
+        raise ValueError(f"proposer factory {factory!r} is already registered")
+    PROPOSERS.append(factory)
+    return factory
 
 
 def proposer_for(heads) -> Proposer:
-    """The proposer of `heads` (anything with config.family), from the factory its method registered."""
-    family = heads.config.family
-    if family not in PROPOSERS:
-        raise ValueError(f"no proposer is registered for family {family!r}; registered: {sorted(PROPOSERS)} "
-                         "(import models.heads.drafting for the head methods; a new method registers its own "
-                         "with models.engine.drafters.proposer.register_proposer)")
-    return PROPOSERS[family](heads)
+    """The proposer of `heads` (a method's module), from the first registered factory that knows them."""
+    for factory in PROPOSERS:
+        proposer = factory(heads)
+        if proposer is not None:
+            return proposer
+    family = getattr(getattr(heads, "config", None), "family", type(heads).__name__)
+    raise ValueError(f"no registered proposer knows heads of family {family!r} ({len(PROPOSERS)} factories "
+                     "registered; import models.heads.drafting for the head methods, and a new method registers "
+                     "its own with models.engine.drafters.proposer.register_proposer)")
