@@ -5,7 +5,7 @@
     plot_speedup_per_category(summary, "reports/speedup_per_category.png")
     plot_accept_histogram(summary, "reports/accept_length_histogram.png")
     plot_speedup_vs_tree_size(summary, "reports/speedup_vs_tree_size.png")
-    plot_calibration(rows, "reports/calibration.png")     # rows from analysis.tables.calibration_rows
+    plot_calibration(rows, "reports/calibration.png")     # rows from analysis.calibration_tables.calibration_rows
     plot_data_scaling(record, "reports/bench/data_scaling.png")   # record from pipelines.bench_scaling
 """
 from __future__ import annotations

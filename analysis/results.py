@@ -144,23 +144,10 @@ def step_cost_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
-                     run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
-                     conformance: dict | None = None) -> str:
-    """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
-    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json."""
-    train = train or {}
+def how_figures_are_made(summary: dict) -> str:
+    """The protocol paragraphs: questions, pairing, losslessness, intervals."""
     s = summary.get("settings", {})
-    comps = standard_comparisons(summary)
-    parts = [
-        "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "
-        "reports/metrics/{prepare,distill,train_*}.json, reports/conformance.json"
-        " and results/calibrate/latency.json -->",
-        "# Results",
-        "",
-        *(["## The run", "", run_markdown(summary, run)] if run else []),
-        "## How the figures are made",
-        "",
+    return "\n".join([
         f"{ours_label(summary)}: {s.get('num_questions')} MT-Bench questions, {s.get('turns')} turn(s), "
         f"{s.get('max_new_tokens')} new tokens, {s.get('repeats')} run(s), {s.get('temperature_mode')} decoding, batch 1; "
         "each evaluate stage (`references`: the prompt lookups; `evaluate@<heads>`: one family on its trees) runs its "
@@ -175,23 +162,12 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         "question's tokens/s ratio, averaged; summed tokens / summed time: all new tokens over all seconds, over the "
         "baseline's (long answers weigh more). All end to end (prefill included) unless marked decode-only.",
         "",
-        "## Headline figures",
-        "",
-        headline_table(summary),
-        "## Paired comparisons",
-        "",
-        "A against B on the questions both ran: the ratio of their mean per-question values, its paired 95% bootstrap "
-        "interval, and the questions where A's value is higher. Verdict: A ahead / B ahead when the interval "
-        "excludes 1, else no clear difference.",
-        "",
-        comparisons_table(comps),
-        "## The papers' claims, on this hardware",
-        "",
-        claims_markdown(claim_rows(summary, train, latency, single_runs)),
-        "## Speedup per MT-Bench category (means)",
-        "",
-        category_means_table(summary),
-    ]
+    ])
+
+
+def later_sections(summary: dict, train: dict, single_runs: dict | None, conformance: dict | None) -> list[str]:
+    """The sections shown only when their inputs exist: runs of one method, step costs, conformance, Medusa-2."""
+    parts = []
     if single_runs:
         parts += ["## Runs of one method each", "",
                   "Methods run on their own by hand (`python -m pipelines.evaluate heads=<h> tree=<t>`), each beside "
@@ -211,4 +187,43 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     m2 = medusa2_section(summary, train, (single_runs or {}).get("medusa2-optimal"))
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]
+    return parts
+
+
+def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
+                     run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
+                     conformance: dict | None = None) -> str:
+    """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
+    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json."""
+    train = train or {}
+    s = summary.get("settings", {})
+    comps = standard_comparisons(summary)
+    parts = [
+        "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "
+        "reports/metrics/{prepare,distill,train_*}.json, reports/conformance.json"
+        " and results/calibrate/latency.json -->",
+        "# Results",
+        "",
+        *(["## The run", "", run_markdown(summary, run)] if run else []),
+        "## How the figures are made",
+        "",
+        how_figures_are_made(summary),
+        "## Headline figures",
+        "",
+        headline_table(summary),
+        "## Paired comparisons",
+        "",
+        "A against B on the questions both ran: the ratio of their mean per-question values, its paired 95% bootstrap "
+        "interval, and the questions where A's value is higher. Verdict: A ahead / B ahead when the interval "
+        "excludes 1, else no clear difference.",
+        "",
+        comparisons_table(comps),
+        "## The papers' claims, on this hardware",
+        "",
+        claims_markdown(claim_rows(summary, train, latency, single_runs)),
+        "## Speedup per MT-Bench category (means)",
+        "",
+        category_means_table(summary),
+    ]
+    parts += later_sections(summary, train, single_runs, conformance)
     return "\n".join(parts)

@@ -33,7 +33,9 @@ from analysis import plots
 from analysis.comparisons import standard_comparisons
 from analysis.merge import merged_summary
 from analysis.results import results_markdown
-from analysis.tables import build_tables, calibration_rows, load_calibrations, to_latex, to_markdown
+from analysis.calibration_tables import calibration_rows
+from analysis.render import build_tables, to_latex, to_markdown
+from analysis.tables import load_calibrations
 from pipelines.common import log, mlflow_run, stage
 
 TABLE_ORDER = ("medusa", "hydra", "eagle", "speed", "category", "tree_choice", "calibration")

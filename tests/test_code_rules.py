@@ -43,3 +43,23 @@ def test_only_the_decode_step_verifies_and_prunes():
     text = (REPO_ROOT / "models/engine/decoding.py").read_text()
     step = text[text.index("def decode_step("):text.index("\ndef ", text.index("def decode_step(") + 1)]
     assert re.search(r"\bverify_tree\(", step) and re.search(r"\bkeep_accepted\(", step)
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_files_and_functions_stay_small():
+    """No file of models/, pipelines/ or analysis/ over 400 lines, no function (or method) over 60: a longer one is
+    a module or a function that does two things."""
+    long_files, long_functions = [], []
+    for path in sources():
+        text = path.read_text()
+        rel = path.relative_to(REPO_ROOT)
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{rel}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{rel}:{node.lineno} {node.name}: {length} lines")
+    assert long_files == [] and long_functions == []

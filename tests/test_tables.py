@@ -10,8 +10,9 @@ import pytest
 from analysis import plots
 from analysis.results import results_markdown
 from analysis.published import PUBLISHED, published_cells, published_models, published_value
-from analysis.tables import (build_tables, calibration_rows, latex_escape, load_calibrations, load_summary, to_latex,
-                             to_markdown)
+from analysis.calibration_tables import calibration_rows
+from analysis.render import build_tables, latex_escape, to_latex, to_markdown
+from analysis.tables import load_calibrations, load_summary
 
 
 def stat(mean, std=0.0, runs=None):
