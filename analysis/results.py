@@ -196,7 +196,6 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
     {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json."""
     train = train or {}
-    s = summary.get("settings", {})
     comps = standard_comparisons(summary)
     parts = [
         "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "

@@ -9,7 +9,7 @@ import os
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, GraniteConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, GraniteConfig,
                           LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen3Config)
 

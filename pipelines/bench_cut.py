@@ -19,11 +19,10 @@ from tqdm import tqdm
 
 from models.engine.decoding import generate
 from models.engine.drafters import TreeDrafter
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads import ADAPTER_DIR, load_heads
+from models.heads import ADAPTER_DIR
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.common import load_model, log, stage, write_json
 from pipelines.evaluate import stop_token_ids
 from pipelines.methods import resolve_tree, step_cost_for, tree_config
@@ -40,12 +39,10 @@ def main(cfg: DictConfig) -> None:
     if (folder / ADAPTER_DIR).exists():        # its greedy reference is another model: not this replay's premise
         raise ValueError(f"heads {name!r} change the backbone (LoRA): replay the frozen-backbone families only")
     model, tok = load_model(cfg)
-    _, heads = load_heads(folder, model)
+    model, heads, _ = load_for_decoding(folder, model)
     tree, _, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_name)
     if lookup:
         raise ValueError(f"cut.tree={tree_name!r} merges prompt lookup; use a heads-only tree (dynamic, optimal, ...)")
-    prepare_for_decoding(model)
-    prepare_heads_for_decoding(heads)
     step_cost = step_cost_for({"cut_by_cost": str(latency)}, tree)    # the costs tree=dynamic is cut with
 
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)

@@ -27,7 +27,6 @@ environment, threads, cpu count, load averages, every run).
 """
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import os
@@ -44,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
             "competitors": [2, 1], "competitor_size": 512, "repeats": 2, "new_tokens": 64, "prompt_tokens": 520,
@@ -167,7 +166,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     import torch
 
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-    from models.heads import ADAPTER_DIR, HeadsConfig, build_heads, load_heads
+    from models.heads import HeadsConfig, build_heads
     from models.engine.drafters import make_drafter
     from pipelines.methods import pld_settings, resolve_tree, tree_config
 
@@ -183,10 +182,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
         folder = Path(cfg.paths.results) / "heads" / name
         base = model
         if folder.is_dir():
-            adapted = (folder / ADAPTER_DIR).is_dir()               # a merged LoRA changes the backbone: a copy
-            base, heads = load_heads(folder, copy.deepcopy(model) if adapted else model)
-            if adapted:
-                prepare_for_decoding(base)
+            base, heads, _ = load_for_decoding(folder, model, keep_base=True)   # a merged LoRA: on a copy
             random_heads = False
         else:
             h = OmegaConf.load(f"{CONF_DIR}/heads/{name}.yaml")
@@ -199,7 +195,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
             log.warning("no trained heads in %s: timing random %s heads (their acceptance differs from trained ones; "
                         "compare the ms per step)", folder, h.family)
             random_heads = True
-        prepare_heads_for_decoding(heads)
+            prepare_heads_for_decoding(heads)
         tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, tree_name, name)), tree_name)
         tree.check_heads(heads.config.num_heads)
         spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}

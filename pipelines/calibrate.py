@@ -32,9 +32,9 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 greedy_tree, machine_description, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_for_decoding
 from models.measure.latency import interpolate_cost, verify_latency_profile
-from models.engine.trees import TreeBuffers, TreeSpec, tree_from_config
+from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
@@ -307,14 +307,12 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
 
 
 def calibrate(cfg: DictConfig) -> dict:
-    from models.heads import load_heads
+    from models.heads.drafting import load_for_decoding
 
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg)
     base, tokenizer = load_model(cfg, device=device)
-    model, heads = load_heads(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # Medusa-2: LoRA merged
-    prepare_for_decoding(model)                    # the CPU fast paths the decoders run (after the merge)
-    prepare_heads_for_decoding(heads)
+    model, heads, _ = load_for_decoding(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # LoRA merged
     latency = load_latency(cfg, model, device)
     D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.topk), cfg.heads.name
     t0 = time.perf_counter()

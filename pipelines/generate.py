@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads import HeadsConfig, build_heads, load_heads
+from models.heads import HeadsConfig, build_heads
 from models.engine.drafters import make_drafter
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.methods import pld_settings, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 
@@ -46,7 +46,8 @@ def load_draft_heads(cfg: DictConfig, model):
         raise FileNotFoundError(f"no trained heads in {folder}: train them with `python -m pipelines.train "
                                 f"heads={cfg.heads.name}`, point heads_dir=... at a heads folder, or try the "
                                 "decoder with random_heads=true")
-    return load_heads(folder, model)
+    model, heads, _ = load_for_decoding(folder, model)
+    return model, heads
 
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
@@ -107,9 +108,9 @@ def main(cfg: DictConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     model, tok = load_model(cfg)
-    model, heads = load_draft_heads(cfg, model)
-    prepare_for_decoding(model)                       # after a LoRA merge: CPU fast paths on the final weights
-    if heads is not None:
+    model, heads = load_draft_heads(cfg, model)     # trained: LoRA merged and packed (load_for_decoding)
+    prepare_for_decoding(model)
+    if heads is not None and cfg.random_heads:
         prepare_heads_for_decoding(heads)
     tree, drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
