@@ -53,10 +53,10 @@ from models.heads.schedules import plan_stages
 from models.heads.fitting import Throughput, fit_resumable
 from models.heads.training import IGNORE_INDEX, Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
-from pipelines.common import heads_options, load_model, log, mlflow_run, stage, write_json
+from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.recipes import checked_recipe, effective_epochs, profile_overrides, recipe_record, with_profile_heads
 
-# Recipe keys the stage reads itself (the rest configure models.heads.training.Recipe).
-STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
+RECIPE_FILE = "recipe.json"        # beside the trained heads: the recipe as resolved (pipelines/recipes.py)
 # profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
 RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_tokens")
 
@@ -90,45 +90,6 @@ def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list
     return out
 
 
-def profile_overrides(cfg: DictConfig) -> dict:
-    """What profile.train.heads_overrides sets for these heads ({} when nothing)."""
-    mine = (cfg.profile.train.get("heads_overrides") or {}).get(cfg.heads.name)
-    return OmegaConf.to_container(mine, resolve=True) if mine else {}
-
-
-def with_profile_heads(cfg: DictConfig) -> DictConfig:
-    """cfg with profile.train.heads_overrides[<heads name>] merged into cfg.heads: a profile's own recipe for
-    a family where the paper's does not fit its data (cpu: Hydra++), conf/heads/<name>.yaml left as published."""
-    overrides = cfg.profile.train.get("heads_overrides") or {}
-    unknown = sorted(set(overrides) - set(heads_options()))
-    if unknown:
-        raise ValueError(f"profile.train.heads_overrides names {unknown}: not head configs; use {heads_options()}")
-    mine = profile_overrides(cfg)
-    if not mine:
-        return cfg
-    extra = sorted(set(mine) - set(cfg.heads))
-    if extra:
-        raise ValueError(f"profile.train.heads_overrides.{cfg.heads.name} sets {extra}: not keys of "
-                         f"conf/heads/{cfg.heads.name}.yaml; it takes {sorted(cfg.heads)}")
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.heads = OmegaConf.merge(cfg.heads, mine)
-    return cfg
-
-
-def effective_epochs(cfg: DictConfig) -> int:
-    """The recipe's epochs when it has its own (Hydra++: 10), else the profile's; capped by profile.train.max_epochs:
-    one number for every family, or a mapping from heads name to cap with a `default` (null: no cap)."""
-    epochs = cfg.heads.recipe.get("epochs") or cfg.profile.train.epochs
-    cap = cfg.profile.train.get("max_epochs")
-    if isinstance(cap, DictConfig):
-        if "default" not in cap:
-            raise ValueError(f"profile.train.max_epochs={OmegaConf.to_container(cap)}: a mapping needs a `default` "
-                             "entry (the cap of the heads it does not name)")
-        cap = cap.get(cfg.heads.name, cap.default)
-    return int(min(epochs, cap) if cap else epochs)
-
-
 def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
     """What a checkpoint must match to be resumed: settings, data and the training code."""
     code = code_digest("pipelines.train")
@@ -155,14 +116,6 @@ def cpu_threads(cfg: DictConfig) -> int | None:
     return None
 
 
-def make_recipe(cfg: DictConfig) -> Recipe:
-    d = OmegaConf.to_container(cfg.heads.recipe, resolve=True)
-    d.setdefault("max_warmup_ratio", cfg.profile.train.get("max_warmup_ratio"))
-    if d.get("lm_loss") == "auto":  # Medusa-2: KL to the adapters-off model only on the model's own answers
-        d["lm_loss"] = "kl" if cfg.profile.train.get("data", "distilled") == "distilled" else "ce"
-    return Recipe.from_dict(d, ignore=STAGE_KEYS)
-
-
 def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torch.Tensor | None, float]:
     """(draft_ids [Vd] or None, share of the val answer tokens inside): the most frequent train answer tokens."""
     size = cfg.profile.train.get("draft_vocab_size")
@@ -173,19 +126,6 @@ def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torc
         return None, 1.0
     ids = most_frequent(answer_token_counts(data["train"][1], vocab_size), int(size))
     return ids, coverage(ids, data["val"][1])
-
-
-def checked_recipe(cfg: DictConfig) -> Recipe:
-    """The heads' recipe, refused with the reason when the family cannot be trained with it."""
-    h = cfg.heads
-    if h.family == "none":
-        raise ValueError(f"heads=none has nothing to train; use heads=<one of {heads_options()}>")
-    recipe = make_recipe(cfg)
-    family = get_family(h.family)
-    if recipe.kind not in family.recipes:
-        raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
-                         f"it takes {list(family.recipes)}")
-    return recipe
 
 
 def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
@@ -256,6 +196,12 @@ def train_metrics(cfg: DictConfig, recipe: Recipe, trainer, parts: dict, data: d
             **{k: round(v, 1) for k, v in times.items()}}
 
 
+def run_log_dict(record: dict, name: str) -> None:
+    import mlflow
+
+    mlflow.log_dict(record, name)
+
+
 def log_metrics(metrics: dict, out_dir: Path, path: Path) -> None:
     import mlflow
 
@@ -320,7 +266,9 @@ def run_train(cfg: DictConfig) -> dict:
         # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
         drift = backbone_drift(module, data, device) if module.joint_backbone else {}
-        save_heads(heads, module if module.joint_backbone else None, out_dir)
+        record = recipe_record(cfg, recipe)
+        save_heads(heads, module if module.joint_backbone else None, out_dir, record)
+        run_log_dict(record, RECIPE_FILE)
         metrics = train_metrics(cfg, recipe, trainer, parts, data, (draft_ids, val_coverage), final, drift,
                                 {"cache_time_s": cache_s, "fit_time_s": t_fit, "wall_time_s": time.time() - t0})
         path = write_json(Path(cfg.paths.reports) / "metrics" / f"train_{h.name}.json", metrics)
@@ -367,13 +315,16 @@ def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, t
     return module, trainer, parts
 
 
-def save_heads(heads, joint_module, out_dir: Path) -> None:
-    """heads.save (+ the LoRA adapter of a jointly trained backbone), written beside and renamed into place."""
+def save_heads(heads, joint_module, out_dir: Path, recipe: dict | None = None) -> None:
+    """heads.save (+ the LoRA adapter of a jointly trained backbone, + recipe.json: the resolved recipe), written
+    beside and renamed into place."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     heads.save(tmp)
     if joint_module is not None:
         joint_module.backbone.save_pretrained(str(tmp / "adapter"))
+    if recipe is not None:
+        (tmp / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
 

@@ -290,7 +290,7 @@ def test_best_val_epoch_weights_are_kept_and_survive_a_resume(tmp_path):
 def test_head_loss_weights_follow_each_trainer(compose_cfg):
     """Medusa-1 0.8^k, Medusa-2 0.8^(k+1) (k from 0), Hydra and Hydra++ equal weights."""
     from pipelines.common import apply_selection
-    from pipelines.train import make_recipe
+    from pipelines.recipes import make_recipe
 
     want = {"medusa1": [1, 0.8, 0.64], "medusa2": [0.8, 0.64, 0.512], "hydra": [1, 1, 1], "hydra_pp": [1, 1, 1]}
     for name, weights in want.items():
@@ -302,7 +302,7 @@ def test_profile_heads_overrides_change_one_family_only(compose_cfg):
     """profile.train.heads_overrides.<name> is merged into that family's config (recipe and all); the other
     families and conf/heads/<name>.yaml keep theirs; a name or key it does not know is refused, naming both."""
     from pipelines.common import apply_selection
-    from pipelines.train import make_recipe, with_profile_heads
+    from pipelines.recipes import make_recipe, with_profile_heads
 
     def heads(name, *overrides):
         return with_profile_heads(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
@@ -324,7 +324,7 @@ def test_profile_heads_overrides_change_one_family_only(compose_cfg):
 def test_epoch_caps_per_heads(compose_cfg):
     """profile.train.max_epochs caps every family (a number) or each heads name (a mapping with a default)."""
     from pipelines.common import apply_selection
-    from pipelines.train import effective_epochs
+    from pipelines.recipes import effective_epochs
 
     def epochs(name, *overrides):
         return effective_epochs(apply_selection(compose_cfg(f"+select.heads={name}", *overrides)))
@@ -562,6 +562,12 @@ def test_train_stage_writes_heads_metrics_and_reuses_the_cache(stage_cfg, tmp_pa
     assert metrics["joint_train_examples"] == 8
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "cache" / "hidden").rglob("*.safetensors")} == shards
     assert (tmp_path / "results" / "heads" / "medusa2" / "adapter").is_dir()
+    # the resolved recipe beside each trained module and in its MLflow run
+    for name, kind, typed in (("hydra_pp", "hydra_pp", "Recipe"), ("medusa2", "medusa2", "Medusa2Recipe")):
+        record = json.loads((tmp_path / "results" / "heads" / name / "recipe.json").read_text())
+        assert record["recipe"]["kind"] == kind and record["recipe_type"] == typed and record["profile"] == "smoke"
+        assert record["epochs"] >= 1 and set(record["stage"]) == {"epochs", "stage1_fraction", "lora"}
+    assert ("medusa_lambda" in record["recipe"]) and len(list((tmp_path / "mlruns").rglob("artifacts/recipe.json"))) == 2
     logged = {p.relative_to(p.parents[len(p.relative_to(tmp_path / "mlruns").parts) - 4]).as_posix()
               for p in (tmp_path / "mlruns").rglob("metrics/**/*") if p.is_file()}
     runs = list((tmp_path / "mlruns").rglob("metrics/val/top1_head0"))
@@ -651,6 +657,26 @@ def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
     with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['draft_model', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa1', "
                        r"'medusa2'\]"):
         Recipe(kind="hydra3")
+
+
+def test_each_recipe_kind_has_its_own_fields_checked_when_made():
+    """One dataclass per kind's needs: a field another kind has is refused, a bad value names the field, the value
+    and what is accepted; a heads-only stage of Medusa-2 keeps the fields both kinds share."""
+    from models.heads.recipes import AutoregressiveRecipe, Medusa2Recipe
+
+    assert type(Recipe(kind="hydra")) is Recipe and type(Recipe(kind="medusa2")) is Medusa2Recipe
+    assert type(Recipe.from_dict({"kind": "eagle3", "unroll": 3})) is AutoregressiveRecipe
+    with pytest.raises(ValueError, match=r"recipe 'medusa1' \(Recipe\) takes no unroll; it takes head_decay"):
+        Recipe(kind="medusa1", unroll=2)
+    with pytest.raises(ValueError, match=r"recipe 'eagle': unroll=0 is not accepted; unroll takes a whole number"):
+        Recipe(kind="eagle", unroll=0)
+    with pytest.raises(ValueError, match=r"lambda_schedule='linear' is not accepted; lambda_schedule takes sine or"):
+        Recipe(kind="medusa2", lambda_schedule="linear")
+    with pytest.raises(ValueError, match=r"warmup_ratio=1.5 is not accepted; warmup_ratio takes a number in \[0, 1\]"):
+        Recipe(kind="hydra", warmup_ratio=1.5)
+    joint = Recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0, weight_decay=0.1)
+    heads_only = joint.as_kind("medusa1", lr=4e-4)
+    assert type(heads_only) is Recipe and (heads_only.kind, heads_only.lr, heads_only.weight_decay) == ("medusa1", 4e-4, 0.1)
 
 
 def test_a_recipe_plans_its_own_stages():

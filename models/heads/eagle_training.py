@@ -27,12 +27,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models.heads.recipes import AutoregressiveRecipe
 from models.heads.training import HeadsModule, head_positions, register_recipe, soft_cross_entropy
 
 
-@register_recipe("eagle")
-@register_recipe("eagle3")
-@register_recipe("draft_model")
+@register_recipe("eagle", AutoregressiveRecipe)
+@register_recipe("eagle3", AutoregressiveRecipe)
+@register_recipe("draft_model", AutoregressiveRecipe)
 class AutoregressiveFitModule(HeadsModule):
     """The frozen base's features in (from the hidden cache when the batch has them), the heads' draft module
     trained (EAGLE's layer; a draft model, distilled with the teacher loss alone)."""

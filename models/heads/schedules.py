@@ -6,7 +6,6 @@ alone on the frozen base, then LoRA adapters on the backbone together with the h
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from models.heads import eagle_training  # noqa: F401  (registers the "eagle" recipe)
@@ -48,7 +47,7 @@ def plan_stages(recipe: Recipe, epochs: int, stage1_fraction: float = 0.0, lora:
     stage1 = max(1, round(stage1_fraction * epochs)) if stage1_fraction > 0 else 0
     plans = []
     if stage1:
-        heads_only = dataclasses.replace(recipe, kind="medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
+        heads_only = recipe.as_kind("medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
         plans.append(StagePlan("stage1", heads_only, stage1, "medusa1"))
     plans.append(StagePlan("stage2", recipe, max(1, epochs - stage1), recipe.kind, joint_limit, joint_val_every, lora))
     return plans

@@ -22,67 +22,18 @@ out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary head
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
-from dataclasses import dataclass, fields
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from models.engine.taps import final_and_taps
 from models.hardware import cpu_has_fast_bf16
+from models.heads.recipes import AutoregressiveRecipe, Medusa2Recipe, Recipe, RECIPE_TYPES  # noqa: F401
 
 IGNORE_INDEX = -100
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Recipe:
-    kind: str                           # medusa1 | medusa2 | hydra | hydra_pp
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.1
-    warmup_steps: int | None = None     # wins over warmup_ratio when set
-    max_warmup_ratio: float | None = None   # cap on the warm-up share (small runs: 100 steps may be most of them)
-    min_lr_ratio: float = 0.0           # cosine decays to lr * min_lr_ratio
-    head_decay: float = 0.8             # head k weighted head_decay^(k + head_decay_offset)
-    head_decay_offset: int = 0          # Medusa-2's trainer: 1 (0.8^(k+1), k from 0)
-    lm_loss_weight: float = 1.0         # CE against the data's token
-    teacher_loss_weight: float = 0.0    # soft CE against the frozen base's distribution (Hydra++)
-    head_lr_multiplier: float = 1.0     # Medusa-2: heads lr = lr * this
-    medusa_lambda: float = 0.2          # Medusa-2: weight of the heads' loss
-    lambda_schedule: str = "sine"       # Medusa-2: sine | constant
-    lm_loss: str = "kl"                 # Medusa-2: kl (to the adapters-off model) | ce (to the labels)
-    feature_loss_weight: float = 0.0    # EAGLE: SmoothL1 of the predicted feature to the base's
-    feature_noise: float = 0.0          # EAGLE: width of the uniform noise on the input features while training
-    unroll: int = 1                     # EAGLE: depths trained (>1: each on the draft's own predicted features)
-    draft_vocab_mask: bool = False      # EAGLE-3: positions whose label lies outside the draft vocabulary carry no loss
-
-    def __post_init__(self):
-        if self.kind not in RECIPES:
-            for module in RECIPE_MODULES:                 # recipes registered in their own modules
-                importlib.import_module(module)
-        if self.kind not in RECIPES:
-            raise ValueError(f"recipe kind {self.kind!r} is not known; use one of {sorted(RECIPES)}")
-        if self.lambda_schedule not in ("sine", "constant"):
-            raise ValueError(f"lambda_schedule {self.lambda_schedule!r}: use sine or constant")
-        if self.unroll < 1:
-            raise ValueError(f"unroll={self.unroll}: train at least one depth")
-        if self.lm_loss not in ("kl", "ce"):
-            raise ValueError(f"lm_loss {self.lm_loss!r}: use kl (self-distilled data) or ce")
-
-    def head_weight(self, k: int) -> float:
-        """Weight of head k's loss (k from 0): head_decay^(k + head_decay_offset)."""
-        return self.head_decay ** (k + self.head_decay_offset)
-
-    @classmethod
-    def from_dict(cls, d: dict, ignore: tuple[str, ...] = ()) -> "Recipe":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - set(ignore)
-        if unknown:
-            raise ValueError(f"unknown recipe keys {sorted(unknown)}; known: {sorted(known | set(ignore))}")
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,15 +115,13 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 RECIPES: dict[str, type["HeadsModule"]] = {}    # recipe kind -> LightningModule (conf/heads/<name>.yaml recipe.kind)
-# modules that register recipes of their own (they import this one; models/heads/schedules.py imports them
-# for the train stage, a Recipe of their kind imports them too)
-RECIPE_MODULES = ("models.heads.eagle_training",)
 
 
-def register_recipe(kind: str):
-    """Class decorator: `kind` (a recipe's kind) trains with this module."""
+def register_recipe(kind: str, recipe: type[Recipe] = Recipe):
+    """Class decorator: `kind` (a recipe's kind) trains with this module, its recipe of type `recipe`."""
     def deco(cls):
         RECIPES[kind] = cls
+        RECIPE_TYPES[kind] = recipe
         return cls
     return deco
 
@@ -326,7 +275,7 @@ class HydraPPModule(HydraModule):
     (the family has the layer); the recipe adds the teacher loss."""
 
 
-@register_recipe("medusa2")
+@register_recipe("medusa2", Medusa2Recipe)
 class Medusa2Module(HeadsModule):
     """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k.
 
