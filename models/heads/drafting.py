@@ -1,7 +1,7 @@
 """The head methods' proposers, registered with the engine: import this module where heads decode (the engine
-asks registered factories for a proposer and never imports a method; training does not need them). A family
-drafts with AutoregressiveProposer when it is autoregressive (EAGLE, EAGLE-3, the draft model and their
-subclasses), else with HeadsProposer (Medusa, Hydra, Hydra++ and theirs).
+asks registered factories for a proposer and never imports a method; training does not need them). EAGLE,
+EAGLE-3, the draft model and their subclasses draft with AutoregressiveProposer; Medusa, Hydra, Hydra++ and
+theirs with HeadsProposer.
 
     import models.heads.drafting  # noqa: F401
     drafter = heads_drafter(heads, tree)
@@ -16,17 +16,20 @@ from models.engine.drafters.proposer import register_proposer
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads.draft_heads import ADAPTER_DIR, load_heads
 from models.heads.autoregressive_proposer import AutoregressiveProposer
-from models.heads.families import FAMILIES
+from models.heads.families import FAMILIES, AutoregressiveFamily, Hydra, Medusa
 from models.heads.proposers import HeadsProposer
 
 
 @register_proposer
 def family_proposer(heads):
-    """The proposer of heads whose config names a registered head family; None for other heads."""
+    """The proposer of heads of these families or their subclasses; None for others (a family of another
+    lineage registers its own proposer)."""
     family = FAMILIES.get(getattr(getattr(heads, "config", None), "family", None))
-    if family is None:
-        return None
-    return AutoregressiveProposer(heads=heads) if family.autoregressive else HeadsProposer(heads)
+    if isinstance(family, AutoregressiveFamily):
+        return AutoregressiveProposer(heads=heads)
+    if isinstance(family, (Medusa, Hydra)):
+        return HeadsProposer(heads)
+    return None
 
 
 def load_for_decoding(folder: str | Path, base, keep_base: bool = False, bf16_heads: bool | None = None):

@@ -1,0 +1,101 @@
+"""A drafting method added as one package, the way a new method plugs in: a family (what the heads hold), a
+recipe (how they train) and a proposer (how they draft), each registered where the project looks them up.
+
+The toy: a bigram table over the draft vocabulary, `heads.lookup` [V, Vd] logits. Head k predicts token t+k+2
+from token t+k+1 alone, so drafting is a chain through the table: from a node's token, its children are the
+table's top ranks for that token, as deep as the tree asks. Training fits the table by cross-entropy on the
+data's bigrams (every depth reads the true token above it).
+
+    with toy_method.registered():        # family "toy_lookup", recipe "toy_lookup" and its proposer, while inside
+        ...                              # a method's own package would register them when imported
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.engine.drafters.proposer import PROPOSERS, Frontier, register_proposer
+from models.heads.families import FAMILIES, HeadFamily, register_family
+from models.heads.recipes import RECIPE_TYPES
+from models.heads.training import RECIPES, HeadsModule, head_positions, register_recipe
+
+NAME = "toy_lookup"
+CONFIG = {"name": NAME, "family": NAME, "num_heads": 4, "num_layers": 1, "dropout": 0.0, "share_lm_head": True,
+          "recipe": {"kind": NAME, "lr": 0.5, "warmup_ratio": 0.0, "head_decay": 1.0, "epochs": 4}}
+
+
+class ToyLookup(HeadFamily):
+    name = NAME
+    recipes = (NAME,)
+
+    def build_blocks(self, hidden, num_heads, num_layers):
+        return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
+
+    def build_extra(self, heads, base_model):
+        if getattr(heads, "lookup", None) is None:
+            heads.lookup = nn.Embedding(heads.config.vocab_size, heads.config.out_size)
+            nn.init.zeros_(heads.lookup.weight)
+
+
+class ToyLookupModule(HeadsModule):
+    """Cross-entropy of the table's row for the true token t+k+1 against token t+k+2, every depth k."""
+
+    def compute(self, batch):
+        heads, total, per_head = self.heads, None, []
+        for k in range(heads.config.num_heads):
+            b, t, target = head_positions(batch["labels"], k, batch.get("sources"))
+            logits = heads.lookup(batch["input_ids"][b, t + k + 1])                       # [N, Vd]
+            index = heads.to_draft_index(target)
+            inside = index >= 0
+            loss_k = F.cross_entropy(logits[inside], index[inside]) if inside.any() else logits.sum() * 0
+            total = loss_k if total is None else total + self.recipe.head_weight(k) * loss_k
+            per_head.append((loss_k.detach(), logits.detach(), target))
+        return total, per_head, {}
+
+
+class ToyLookupProposer:
+    """Stateless: a frontier node's children come from its own token's row of the table."""
+    taps = ()
+
+    def __init__(self, heads):
+        self.heads, self.draft_ids, self.vocab_size = heads, heads.draft_ids, heads.config.vocab_size
+        self.device = heads.lookup.weight.device
+
+    def start(self, ctx) -> None:
+        pass
+
+    def advance(self, hidden, tokens, position) -> None:
+        pass
+
+    def rewind(self, position) -> None:
+        pass
+
+    def begin(self, root: int, depth: int) -> None:
+        pass
+
+    @torch.no_grad()
+    def scores(self, frontier: Frontier) -> torch.Tensor:
+        return self.heads.lookup.weight[frontier.tokens[frontier.nodes]]                   # [R, Vd]
+
+    def end(self) -> None:
+        pass
+
+
+def toy_proposer(heads):
+    return ToyLookupProposer(heads) if getattr(heads.config, "family", None) == NAME else None
+
+
+@contextlib.contextmanager
+def registered():
+    """The toy's family, recipe and proposer registered where the project looks them up, removed on exit."""
+    register_family(ToyLookup)
+    register_recipe(NAME)(ToyLookupModule)
+    register_proposer(toy_proposer)
+    try:
+        yield
+    finally:
+        FAMILIES.pop(NAME, None), RECIPES.pop(NAME, None), RECIPE_TYPES.pop(NAME, None)
+        PROPOSERS.remove(toy_proposer)
