@@ -161,10 +161,11 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             tree.check_heads(heads.config.num_heads)
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
-        if heads.config.family == "draft_model" and cfg.eval.get("sps_hf", {}).get("enabled"):
-            # transformers' assisted generation with the same draft model: built before the layers are packed
-            twin = heads.family.draft_module(heads).to_causal_lm(base)
-            methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family="draft_model",
+        module = heads.family.draft_module(heads)
+        if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
+            # a draft model: transformers' assisted generation with it, built before the layers are packed
+            twin = module.to_causal_lm(base)
+            methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family=heads.config.family,
                                   reference=reference, assistant=twin))
     if sel.peers and cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),

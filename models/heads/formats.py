@@ -140,7 +140,7 @@ def _hydra_state(heads: DraftHeads, base, notes: list[str]) -> tuple[dict[str, t
         raise ValueError(f"num_layers={cfg.num_layers}: the official Hydra code builds blocks 1..L-1 of a head as "
                          "one module repeated ([ResBlock] * (L-1)), so heads with more than 2 distinct blocks "
                          "(Hydra++'s recipe has 4) cannot load there")
-    prefix = cfg.family == "hydra_pp"
+    prefix = heads.family.prefix_layer
     step = 2 if prefix else 1      # prefix-mlp puts a Dropout before every block and before the LM head
     state = {}
     for k in range(cfg.num_heads):
