@@ -1,4 +1,4 @@
-"""python -m pipelines.train heads=medusa1|medusa2|hydra|hydra_pp [profile=smoke] [trainer=gpu] [profile.train.data=prepared]
+"""python -m pipelines.train heads=<a conf/heads option: medusa1, hydra_pp, eagle3, sps, ...> [profile=smoke] [trainer=gpu] [profile.train.data=prepared]
 
 DVC runs it on the composed params.yaml, where a group override no longer exists, so the family is
 swapped in with `+select.heads=<name>` (pipelines/common.py loads conf/heads/<name>.yaml and resolves

@@ -1,4 +1,7 @@
-"""Draft heads: Medusa (independent per depth), Hydra (sequentially dependent), Hydra++.
+"""The drafting methods: Medusa-1/2 (heads independent per depth), Hydra and Hydra++ (sequentially dependent
+heads), EAGLE, EAGLE-3 and a small draft model (one module run autoregressively, models/heads/autoregressive.py);
+their families (families.py), typed recipes (recipes.py) and training (training.py, eagle_training.py), their
+proposers for the engine (proposers.py, autoregressive_proposer.py, registered by drafting.py) and formats.
 
 Indexing (docs/reference.md#heads): the base LM head at position t predicts token t+1;
 draft head k (k = 0..K-1) at position t predicts token t+k+2.

@@ -1,4 +1,5 @@
-"""Head families: what makes Medusa, Hydra and Hydra++ differ, one class each, found by name.
+"""Families: what makes each drafting method's heads differ (Medusa, Hydra, Hydra++, EAGLE, EAGLE-3, the draft
+model), one class each, found by name.
 
     family = get_family("hydra")                   # the `family` of conf/heads/<name>.yaml
     blocks = family.build_blocks(h, K, L)          # models/heads/__init__.py DraftHeads holds them
