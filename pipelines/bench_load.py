@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
+from pipelines.host import host_metrics
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
@@ -348,7 +349,8 @@ def main(cfg: DictConfig) -> None:
     print_table(results, settings)
     record = {"model": cfg.model.name, "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
-              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results}
+              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
+              "host": host_metrics("cpu")}         # CPU processes: the GPU host settings do not apply
     path = write_json(f"{cfg.paths.results}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
 
