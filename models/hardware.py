@@ -36,7 +36,8 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 # anew for every new key length (38 ms of host time a forward at the defaults), so a tree step paid it twice over.
 # With cuDNN attention off the tree step stays at ~1.04x a plain step whatever the thread count (reports/bench/
 # gpu_h100_2026-11-26.json). On a CPU these settings change nothing: its threads are the stage's own setting.
-CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False}
+# static_step: the fixed-shape step replayed as CUDA graphs (models/engine/static_step.py), off until measured.
+CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False}
 HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process (host_record reports it)
 
 
@@ -45,28 +46,30 @@ def is_cuda(device) -> bool:
     return str(device).startswith("cuda")
 
 
-def choose_host_settings(device, threads="default", cudnn_attention="default") -> dict:
-    """The host settings for decoding on `device`: {} on a CPU; on CUDA {"threads", "cudnn_attention"}, each the
-    value given, CUDA_HOST_DEFAULTS' for "default", or left out for None (torch's own stays)."""
+def choose_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
+    """The host settings for decoding on `device`: {} on a CPU; on CUDA {"threads", "cudnn_attention",
+    "static_step"}, each the value given, CUDA_HOST_DEFAULTS' for "default", or left out for None (torch's own
+    stays; no static step)."""
     if not is_cuda(device):
         return {}
     chosen = {}
-    for key, value in (("threads", threads), ("cudnn_attention", cudnn_attention)):
+    for key, value in (("threads", threads), ("cudnn_attention", cudnn_attention), ("static_step", static_step)):
         value = CUDA_HOST_DEFAULTS[key] if value == "default" else value
         if value is None:
             continue
         if key == "threads" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"host threads={value!r}: use a whole number >= 1, or null to leave torch's own")
-        if key == "cudnn_attention" and not isinstance(value, bool):
-            raise ValueError(f"host cudnn_attention={value!r}: use true, false, or null to leave torch's own")
+        if key in ("cudnn_attention", "static_step") and not isinstance(value, bool):
+            raise ValueError(f"host {key}={value!r}: use true, false, or null to leave torch's own")
         chosen[key] = value
     return chosen
 
 
-def apply_host_settings(device, threads="default", cudnn_attention="default") -> dict:
+def apply_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
     """Choose (choose_host_settings) and set the host settings for decoding on `device`; -> host_record(device).
-    Call it after the stage has set its own CPU threads: on CUDA the host settings win."""
-    chosen = choose_host_settings(device, threads, cudnn_attention)
+    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step is read by
+    the decoder (models.engine.decoding.generate) from HOST_SETTINGS."""
+    chosen = choose_host_settings(device, threads, cudnn_attention, static_step)
     if "threads" in chosen:
         torch.set_num_threads(chosen["threads"])
     if "cudnn_attention" in chosen:

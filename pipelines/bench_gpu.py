@@ -5,7 +5,8 @@ built from configs with random weights at the papers' shapes (timing does not de
   vicuna_7b      Llama, 4096 wide, 32 layers, 32 heads, 11008 intermediate, 32k vocabulary (Vicuna-7B's config)
   smollm2_135m   SmolLM2-135M's config (576 wide, 30 layers, 9 heads / 3 KV heads, 49,152 vocabulary)
   tiny           the 2-layer test model (models.base.build_tiny_model): the command's own check, on a CPU
-For each shape, under torch's defaults and then under the host settings (models/hardware.py, conf host.*):
+For each shape, under torch's defaults, then the host settings (models/hardware.py, conf host.*), then those with
+the static step (models/engine/static_step.py: CUDA graphs; the verify profile stays eager):
   - our plain step: generate() without a drafter, decode ms a step;
   - transformers' generate, ms a token: plain, and with its static cache (which transformers compiles on CUDA);
   - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
@@ -175,6 +176,20 @@ def measure_setting(cfg, model, s: dict) -> dict:
     return row
 
 
+SETTINGS = ("torch_defaults", "host_settings", "static_step")
+
+
+def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> dict:
+    """Put torch in one of SETTINGS for `device`; -> the host record (models.hardware.host_record)."""
+    if setting == "torch_defaults":
+        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False)
+    if setting == "static_step":
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
+    return apply_host(cfg, device)
+
+
 def device_slug(device: str) -> str:
     """`cuda` -> the GPU's name shortened (NVIDIA H100 80GB HBM3 -> h100_80gb_hbm3); a CPU -> cpu."""
     if not (is_cuda(device) and torch.cuda.is_available()):
@@ -206,17 +221,19 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
               "decoder_commit": git_commit(), "weights": "random", "dtype": s["dtype"], "attention": "sdpa",
               "figures": FIGURES, "bench_settings": s,
               "settings": {"torch_defaults": f"torch's own: {default_threads} host threads, cuDNN attention on",
-                           "host_settings": "the project's host settings (models/hardware.py, conf host.*)"},
+                           "host_settings": "the project's host settings (models/hardware.py, conf host.*)",
+                           "static_step": "the host settings with the static step (CUDA graphs; CUDA only, so "
+                                          "on a CPU the same as host_settings); the verify profile stays eager"},
               "shapes": {}}
     for name in s["shapes"]:
         t0 = time.perf_counter()
         model = build_shape(name, device, s["dtype"])
         rows = {}
-        for setting in ("torch_defaults", "host_settings"):     # heads are built per setting: not in inference mode
-            host = (apply_host_settings(device, threads=default_threads, cudnn_attention=True)
-                    if setting == "torch_defaults" else apply_host(cfg, device))
+        for setting in SETTINGS:                                  # heads are built per setting: not in inference mode
+            host = apply_setting(cfg, device, setting, default_threads)
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
-                                      "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled()},
+                                      "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
+                                      "static_step": bool(host["host_settings"].get("static_step", False))},
                              "host_record": host, **measure_setting(cfg, model, s)}
             log.info("%s, %s: plain step %.2f ms, transformers %.2f ms a token", name, setting,
                      rows[setting]["plain_step_ms"], rows[setting]["hf_generate_ms_per_token"])

@@ -20,7 +20,7 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
     assert record["date"] and record["decoder_commit"] and record["weights"] == "random"
     assert list(record["shapes"]) == ["tiny"] and record["bench_settings"]["dtype"] == "float32"
     rows = record["shapes"]["tiny"]["settings"]
-    assert list(rows) == ["torch_defaults", "host_settings"]
+    assert list(rows) == ["torch_defaults", "host_settings", "static_step"]
     for row in rows.values():
         assert row["host_record"]["host_settings"] == {}          # a CPU: the host settings change nothing
         assert row["plain_step_ms"] > 0 and row["hf_generate_ms_per_token"] > 0
