@@ -134,7 +134,8 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "code": code_digest("pipelines.evaluate"),
                 "versions": {"python": platform.python_version(), "torch": torch.__version__,
                              "transformers": transformers.__version__},
-                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads()}
+                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads(),
+                **({"host": host} if (host := host_metrics(device)["host_settings"]) else {})}   # CUDA's only
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
 
