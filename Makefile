@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
+.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -35,6 +35,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench_verify
+
+# step costs on the device at hand (a GPU: the 7B and SmolLM2 shapes, random weights) before and after the host
+# settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5"
+bench-gpu: $(STAMP)
+	$(BIN)/python -m pipelines.bench_gpu $(OVERRIDES)
 
 # decoding speed with other processes on the same cores, per OpenMP setting; OVERRIDES e.g.
 # OVERRIDES="+bench.policies=[default,passive,spin10000,passive@1]"

@@ -192,15 +192,16 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
 
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
-                     conformance: dict | None = None) -> str:
+                     conformance: dict | None = None, projection: str | None = None) -> str:
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
-    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json."""
+    {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json;
+    projection: the GPU projection's section (analysis/projection.py projection_markdown)."""
     train = train or {}
     comps = standard_comparisons(summary)
     parts = [
         "<!-- written by `python -m pipelines.tables` from results/eval/{references,<heads>}/summary.json, "
         "reports/metrics/{prepare,distill,train_*}.json, reports/conformance.json"
-        " and results/calibrate/latency.json -->",
+        ", results/calibrate/latency.json and the GPU bench file its projection names -->",
         "# Results",
         "",
         *(["## The run", "", run_markdown(summary, run)] if run else []),
@@ -225,4 +226,6 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         category_means_table(summary),
     ]
     parts += later_sections(summary, train, single_runs, conformance)
+    if projection:
+        parts += ["## On a GPU: the papers' acceptance over this decoder's step costs (a projection)", "", projection]
     return "\n".join(parts)

@@ -27,3 +27,73 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[-1].split())
     return any(f in flags for f in CPU_BF16_FLAGS)
+
+
+# -- host settings for decoding on a GPU -------------------------------------------------------------------------
+# A decode step on a GPU is host-bound: a 7B Llama-shaped bf16 model (random weights) on an H100, torch 2.11, our
+# plain step at torch's defaults (16 host threads, cuDNN attention) took 61 ms, at 1 host thread 20 ms, at 1 thread
+# with cuDNN attention off 22.5 ms; a Medusa-1 step on the 63-node tree 128 -> 24 -> 23 ms. cuDNN's attention plans
+# anew for every new key length (38 ms of host time a forward at the defaults), so a tree step paid it twice over.
+# With cuDNN attention off the tree step stays at ~1.04x a plain step whatever the thread count (reports/bench/
+# gpu_h100_2026-11-26.json). On a CPU these settings change nothing: its threads are the stage's own setting.
+# static_step: the fixed-shape step replayed as CUDA graphs (models/engine/static_step.py), off until measured.
+CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False}
+HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process (host_record reports it)
+
+
+def is_cuda(device) -> bool:
+    """Whether `device` (a string or torch.device) is a CUDA device: the one check the host settings depend on."""
+    return str(device).startswith("cuda")
+
+
+def choose_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
+    """The host settings for decoding on `device`: {} on a CPU; on CUDA {"threads", "cudnn_attention",
+    "static_step"}, each the value given, CUDA_HOST_DEFAULTS' for "default", or left out for None (torch's own
+    stays; no static step)."""
+    if not is_cuda(device):
+        return {}
+    chosen = {}
+    for key, value in (("threads", threads), ("cudnn_attention", cudnn_attention), ("static_step", static_step)):
+        value = CUDA_HOST_DEFAULTS[key] if value == "default" else value
+        if value is None:
+            continue
+        if key == "threads" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"host threads={value!r}: use a whole number >= 1, or null to leave torch's own")
+        if key in ("cudnn_attention", "static_step") and not isinstance(value, bool):
+            raise ValueError(f"host {key}={value!r}: use true, false, or null to leave torch's own")
+        chosen[key] = value
+    return chosen
+
+
+def apply_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
+    """Choose (choose_host_settings) and set the host settings for decoding on `device`; -> host_record(device).
+    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step is read by
+    the decoder (models.engine.decoding.generate) from HOST_SETTINGS."""
+    chosen = choose_host_settings(device, threads, cudnn_attention, static_step)
+    if "threads" in chosen:
+        torch.set_num_threads(chosen["threads"])
+    if "cudnn_attention" in chosen:
+        torch.backends.cuda.enable_cudnn_sdp(chosen["cudnn_attention"])
+    HOST_SETTINGS.clear()
+    HOST_SETTINGS.update(chosen)
+    return host_record(device)
+
+
+def applied_host_settings(device) -> dict:
+    """The host settings apply_host_settings set for `device` in this process ({} on a CPU: nothing changed)."""
+    return dict(HOST_SETTINGS) if is_cuda(device) else {}
+
+
+def host_record(device) -> dict:
+    """What a timed step ran under, for its metrics: device, torch and CUDA versions, the host settings this
+    process applied ({} on a CPU: nothing changed) and the state they left (threads, attention backends)."""
+    cuda = torch.backends.cuda
+    record = {"device": str(device), "gpu": None, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "host_settings": applied_host_settings(device),
+              "torch_threads": torch.get_num_threads(),
+              "sdp_backends": {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
+                               "mem_efficient": cuda.mem_efficient_sdp_enabled(), "math": cuda.math_sdp_enabled()}}
+    if is_cuda(device) and torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        record["cudnn_version"] = torch.backends.cudnn.version()
+    return record

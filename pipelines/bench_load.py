@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
+from pipelines.host import host_metrics
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
@@ -344,7 +345,8 @@ def main(cfg: DictConfig) -> None:
     print_table(results, settings)
     record = {"model": cfg.model.name, "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
-              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results}
+              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
+              "host": host_metrics("cpu")}         # CPU processes: the GPU host settings do not apply
     path = write_json(f"{cfg.paths.results}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
 

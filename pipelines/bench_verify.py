@@ -31,6 +31,7 @@ from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import CONF_DIR, load_model, log, stage, write_json
+from pipelines.host import apply_host
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
             "tree": "sparse64"}
@@ -99,6 +100,7 @@ def main(cfg: DictConfig) -> None:
     if settings["threads"]:
         torch.set_num_threads(int(settings["threads"]))
     model, _ = load_model(cfg)
+    host = apply_host(cfg, str(next(model.parameters()).device))   # on a CPU: nothing changes, recorded as such
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, platform.processor() or platform.machine(),
              torch.get_num_threads(), load)
@@ -130,7 +132,7 @@ def main(cfg: DictConfig) -> None:
         name = f"{r['heads']} ({r['family']})"
         print(f"{name:>22} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
               f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
-    record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load,
+    record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load, "host": host,
               "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,
               "verify_profile_stock": stock, "prepared": prepared,
               "overhead": rows, "median_overhead_share": statistics.median(

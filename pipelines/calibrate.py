@@ -36,6 +36,7 @@ from models.engine.fast_inference import prepare_for_decoding
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
+from pipelines.host import apply_host, host_metrics
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
 
@@ -46,9 +47,9 @@ def setup_device(cfg: DictConfig) -> str:
     """Device and torch threads as the evaluation uses them (the tree is chosen for that setup)."""
     c = cfg.profile.calibrate
     torch.set_num_threads(int(c.num_threads or os.cpu_count() or 1))
-    if c.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return str(c.device)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else str(c.device)
+    apply_host(cfg, device)                     # on CUDA: 1 host thread, cuDNN attention off (conf host.*)
+    return device
 
 
 # -- latency profile ---------------------------------------------------------------------------
@@ -299,7 +300,8 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
     write_json(out / "calibration.json", result)
     metrics = {k: chosen[k] for k in ("predicted_accept_length", "replay_accept_length", "predicted_tokens_per_s",
                                       "predicted_speedup")}
-    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]]}
+    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
+               "host": host_metrics(result["machine"]["device"])}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])

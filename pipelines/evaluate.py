@@ -60,6 +60,7 @@ from models.measure.lossless import LosslessnessError, check_lossless, failure_m
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.host import apply_host, host_metrics
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
                                tree_question_limits)
@@ -133,7 +134,8 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "code": code_digest("pipelines.evaluate"),
                 "versions": {"python": platform.python_version(), "torch": torch.__version__,
                              "transformers": transformers.__version__},
-                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads()}
+                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads(),
+                **({"host": host} if (host := host_metrics(device)["host_settings"]) else {})}   # CUDA's only
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
 
@@ -250,7 +252,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = metrics_of(summary, lossless, per_question=sel.mode != "all")    # paired with other runs later
+    metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_metrics(device)}
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 
@@ -274,6 +276,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    apply_host(cfg, device)                     # on CUDA: 1 host thread, cuDNN attention off (conf host.*)
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
     model, tokenizer = load_model(cfg, device=device)
     sel = selection(cfg)

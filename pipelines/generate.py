@@ -29,6 +29,7 @@ from models.engine.drafters import make_drafter
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.methods import pld_settings, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.host import apply_host
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
@@ -108,6 +109,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     model, tok = load_model(cfg)
+    host = apply_host(cfg, str(next(model.parameters()).device))   # on a CPU: nothing changes, recorded as such
     model, heads = load_draft_heads(cfg, model)     # trained: LoRA merged and packed (load_for_decoding)
     prepare_for_decoding(model)
     if heads is not None and cfg.random_heads:
@@ -140,7 +142,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.output:
             record = {"prompt": str(cfg.prompt), "method": method, "model": cfg.model.name,
                       "heads": None if heads is None else cfg.heads.name, "tree": None if tree is None else tree.name,
-                      "sampling": asdict(sampling), **res.to_dict()}
+                      "sampling": asdict(sampling), "host": host, **res.to_dict()}
             write_json(cfg.output, record)
             mlflow.log_artifact(str(cfg.output))
             log.info("wrote %s", cfg.output)

@@ -16,8 +16,9 @@ Writes to reports/:
   speedup.csv                      one row per method: the data behind `dvc plots show`
   results.md                       the results document: headline figures with 95% intervals, paired comparisons,
                                    the papers' claims judged by them, per-category means, Medusa-2's joint stage
-                                   (also reads reports/metrics/train_*.json, reports/conformance.json and
-                                   results/calibrate/latency.json)
+                                   (also reads reports/metrics/train_*.json, reports/conformance.json,
+                                   results/calibrate/latency.json), and a projection of the papers' acceptance
+                                   over the step costs in the GPU bench file eval.gpu_bench
   speedup_intervals.png            every method's speedup with its interval
   comparisons.png                  the paired comparisons, ratio and interval
 """
@@ -32,11 +33,12 @@ from omegaconf import DictConfig
 from analysis import plots
 from analysis.comparisons import standard_comparisons
 from analysis.merge import merged_summary
+from analysis.projection import projection_markdown
 from analysis.results import results_markdown
 from analysis.calibration_tables import calibration_rows
 from analysis.render import build_tables, to_latex, to_markdown
 from analysis.tables import load_calibrations
-from pipelines.common import log, mlflow_run, stage
+from pipelines.common import REPO_ROOT, log, mlflow_run, stage
 
 TABLE_ORDER = ("medusa", "hydra", "eagle", "speed", "category", "tree_choice", "calibration")
 
@@ -114,7 +116,8 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
-                                                         conformance=load_json_if_present(reports / "conformance.json")))
+                                                         conformance=load_json_if_present(reports / "conformance.json"),
+                                                         projection=projection_markdown(cfg.eval.gpu_bench, REPO_ROOT)))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

@@ -41,8 +41,10 @@ from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical
 from models.engine.drafters.base import DraftContext, StepDrafter
 from models.engine.kv_cache import keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
+from models.engine.static_step import attach_static
 from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
+from models.hardware import applied_host_settings
 
 __all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "prefill", "decode_step", "time_step", "generate"]
 
@@ -313,10 +315,11 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
-             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None) -> GenerationResult:
+             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool | None = None) -> GenerationResult:
     """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
     autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
-    emitted (streaming)."""
+    emitted (streaming). static: the static step (models/engine/static_step.py: fixed shapes, CUDA graphs on
+    CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen)."""
     if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
                          ">= 0 (0 returns an empty answer)")
@@ -343,6 +346,8 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     base_logits(model)                                    # its one-time check outside the clock
     t0 = time.perf_counter()
     state = prefill(model, ids, sampling, generator, drafter)
+    if applied_host_settings(device).get("static_step", False) if static is None else static:
+        attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager
     prefill_time = time.perf_counter() - t0
     out.emit([state.root], [False])
 

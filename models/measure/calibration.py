@@ -63,6 +63,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from models.hardware import applied_host_settings
 from models.engine.taps import final_and_taps
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
@@ -291,6 +292,8 @@ def cpu_model() -> str:
 def machine_description(device: str = "cpu") -> dict:
     info = {"platform": platform.platform(), "processor": cpu_model(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": device}
+    if applied_host_settings(device):              # models.hardware, on CUDA (a CPU's description is unchanged)
+        info["host_settings"] = applied_host_settings(device)
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info

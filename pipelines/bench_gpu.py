@@ -1,0 +1,264 @@
+"""python -m pipelines.bench_gpu        (make bench-gpu)    [+bench_gpu.shapes=[tiny] +bench_gpu.repeats=5 ...]
+
+A benchmark, not a test: what a decode step costs on the device at hand (a GPU where there is one), on models
+built from configs with random weights at the papers' shapes (timing does not depend on the weights):
+  vicuna_7b      Llama, 4096 wide, 32 layers, 32 heads, 11008 intermediate, 32k vocabulary (Vicuna-7B's config)
+  smollm2_135m   SmolLM2-135M's config (576 wide, 30 layers, 9 heads / 3 KV heads, 49,152 vocabulary)
+  tiny           the 2-layer test model (models.base.build_tiny_model): the command's own check, on a CPU
+For each shape, under torch's defaults, then the host settings (models/hardware.py, conf host.*), then those with
+the static step (models/engine/static_step.py: CUDA graphs; the verify profile stays eager):
+  - our plain step: generate() without a drafter, decode ms a step;
+  - transformers' generate, ms a token: plain, and with its static cache (which transformers compiles on CUDA);
+  - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
+  - each method's drafting (one random-headed family per head config of `pipeline_heads`) on the 63-node tree
+    (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63) and a 4-token chain: draft, verify, accept, commit, step ms.
+Writes reports/bench/gpu_<device>.json (bench_gpu.out to change it) with the device, library versions, the
+decoder's commit, the date and the host record of each setting; the results document's projection
+(analysis/projection.py) reads such a file. Defaults: on CUDA vicuna_7b and smollm2_135m in bfloat16, on a CPU
+the tiny shape in float32.
+"""
+from __future__ import annotations
+
+from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
+import copy
+import datetime
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from models.base import DTYPES, build_tiny_model
+from models.engine.decoding import generate
+from models.engine.drafters import make_drafter
+from models.engine.trees import tree_from_config
+from models.hardware import apply_host_settings, is_cuda
+from models.heads import HeadsConfig, build_heads
+from models.measure.latency import verify_latency_profile
+import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from pipelines.common import CONF_DIR, git_commit, log, stage, write_json
+from pipelines.host import apply_host
+
+# The papers' shapes, as configs (no weights, no download). Vicuna-7B is Llama-7B's shape.
+SHAPES = {
+    "vicuna_7b": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                  "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+    "smollm2_135m": {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                     "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                     "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": True},
+    "tiny": None,                                   # models.base.build_tiny_model's defaults
+}
+DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
+            "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4"], "families": None, "out": None}
+FIGURES = {
+    "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
+    "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
+                                "new token; hf_generate_static_ms_per_token the same with cache_implementation=static",
+    "verify": "verify_latency_profile: a step verifying n tokens (forward + LM head) relative to a 1-token step; "
+              "one_token_ms the 1-token step",
+    "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
+                "head rows), lm_head, accept, commit and the whole step (step_ms)",
+}
+
+
+def settings_of(cfg: DictConfig) -> dict:
+    """DEFAULTS overridden by cfg.bench_gpu; unknown keys refused with the known ones."""
+    given = OmegaConf.to_container(OmegaConf.select(cfg, "bench_gpu", default=OmegaConf.create({})), resolve=True)
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"bench_gpu.{unknown[0]} is not a setting; known: {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **given}
+    s["device"] = ("cuda" if torch.cuda.is_available() else "cpu") if s["device"] == "auto" else str(s["device"])
+    s["shapes"] = list(s["shapes"] or (["vicuna_7b", "smollm2_135m"] if is_cuda(s["device"]) else ["tiny"]))
+    s["dtype"] = s["dtype"] or ("bfloat16" if is_cuda(s["device"]) else "float32")
+    for name in s["shapes"]:
+        if name not in SHAPES:
+            raise ValueError(f"bench_gpu.shapes names {name!r}; known shapes: {sorted(SHAPES)}")
+    if s["dtype"] not in DTYPES:
+        raise ValueError(f"bench_gpu.dtype={s['dtype']!r}; use one of {sorted(DTYPES)}")
+    if 1 not in s["sizes"]:
+        raise ValueError(f"bench_gpu.sizes={s['sizes']} must include 1 (the plain step the others are relative to)")
+    return s
+
+
+def build_shape(name: str, device: str, dtype: str):
+    """A model of that shape with random weights, in eval mode on `device`."""
+    torch.manual_seed(0)
+    if SHAPES[name] is None:
+        model, _ = build_tiny_model()
+        return model.to(device, DTYPES[dtype]).eval()
+    config = transformers.AutoConfig.for_model(**SHAPES[name])
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype],
+                                                              attn_implementation="sdpa").eval()
+    model.config.name_or_path = f"{name}-shape-random"
+    return model
+
+
+def sync(device: str) -> None:
+    if is_cuda(device):
+        torch.cuda.synchronize()
+
+
+def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool) -> float:
+    """transformers' greedy generate of exactly n tokens after the prompt, wall ms a token (after one warm-up)."""
+    ids = torch.tensor([prompt], device=device)
+    kw = {"do_sample": False, "pad_token_id": 0, **({"cache_implementation": "static"} if static else {})}
+    model.generate(ids, max_new_tokens=min(n, 8), min_new_tokens=min(n, 8), **kw)
+    sync(device)
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+    sync(device)
+    return 1e3 * (time.perf_counter() - t) / n
+
+
+def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str, dict]]:
+    """(head config name, its resolved config): the first config of each family in cfg.pipeline_heads."""
+    out, seen = [], set()
+    for name in cfg.pipeline_heads:
+        node = copy.deepcopy(cfg)
+        with open_dict(node):
+            node.heads = OmegaConf.load(f"{CONF_DIR}/heads/{name}.yaml")     # resolved against the whole config
+        h = OmegaConf.to_container(node.heads, resolve=True)
+        if h["family"] in seen or (families and h["family"] not in families and name not in families):
+            continue
+        seen.add(h["family"])
+        out.append((str(name), h))
+    return out
+
+
+def drafting_costs(cfg, model, prompt, s: dict) -> dict:
+    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads."""
+    trees = {t: tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{t}.yaml")) for t in s["trees"]}
+    out = {}
+    for name, h in family_heads(cfg, s["families"]):
+        torch.manual_seed(0)
+        config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
+                                      share_lm_head=bool(h.get("share_lm_head", False)))
+        param = next(model.parameters())
+        heads = build_heads(config, model).to(param.device, param.dtype).eval()
+        row = {}
+        for tname, tree in trees.items():
+            drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
+            generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[])      # warm up
+            res = generate(model, None, prompt, drafter, max_new_tokens=s["new_tokens"], stop_token_ids=[])
+            steps = max(1, res.steps)
+            row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
+                          "step_ms": round(1e3 * res.decode_time / steps, 3),
+                          "tokens_per_step": round(res.mean_accepted_length, 3)}
+        out[h["family"]] = {"heads": name, **row}
+        del heads
+    return out
+
+
+def measure_setting(cfg, model, s: dict) -> dict:
+    """Every figure of FIGURES for one shape under the host settings in force."""
+    device = s["device"]
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(model.config.vocab_size, (s["prefix_len"],), generator=g).tolist()
+    prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]))
+    generate(model, None, prompt, max_new_tokens=4, stop_token_ids=[])                           # warm up
+    plain = generate(model, None, prompt, max_new_tokens=s["new_tokens"], stop_token_ids=[])
+    row = {"plain_step_ms": round(1e3 * plain.decode_time / max(1, plain.steps), 3),
+           "hf_generate_ms_per_token": round(hf_ms_per_token(model, prompt, s["new_tokens"], device, False), 3),
+           "verify": {"sizes": prof["sizes"], "relative": [round(x, 4) for x in prof["relative"]],
+                      "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)}}
+    try:       # transformers compiles the static-cache forward on CUDA; where that fails, say why
+        row["hf_generate_static_ms_per_token"] = round(hf_ms_per_token(model, prompt, s["new_tokens"], device, True), 3)
+    except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
+        row["hf_generate_static_ms_per_token"] = None
+        row["hf_generate_static_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    row["drafting"] = drafting_costs(cfg, model, prompt, s)
+    return row
+
+
+SETTINGS = ("torch_defaults", "host_settings", "static_step")
+
+
+def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> dict:
+    """Put torch in one of SETTINGS for `device`; -> the host record (models.hardware.host_record)."""
+    if setting == "torch_defaults":
+        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False)
+    if setting == "static_step":
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
+    return apply_host(cfg, device)
+
+
+def device_slug(device: str) -> str:
+    """`cuda` -> the GPU's name shortened (NVIDIA H100 80GB HBM3 -> h100_80gb_hbm3); a CPU -> cpu."""
+    if not (is_cuda(device) and torch.cuda.is_available()):
+        return "cpu"
+    name = torch.cuda.get_device_name(torch.device(device)).lower().replace("nvidia", "")
+    return re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
+    """Measure every shape before and after the host settings; write the file; -> (its path, its contents)."""
+    s = settings_of(cfg)
+    default_threads = torch.get_num_threads()          # torch's own, before any setting
+    device = s["device"]
+    gpu = torch.cuda.get_device_name(torch.device(device)) if is_cuda(device) and torch.cuda.is_available() else None
+    record = {"what": "Decode-step costs of this decoder on the device at hand, models built from configs with "
+                      "random weights (timing does not depend on them; accepted lengths here mean nothing)",
+              "device": gpu or "cpu", "driver": driver_version() if gpu else None, "torch": torch.__version__,
+              "cuda": torch.version.cuda, "transformers": transformers.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+              "decoder_commit": git_commit(), "weights": "random", "dtype": s["dtype"], "attention": "sdpa",
+              "figures": FIGURES, "bench_settings": s,
+              "settings": {"torch_defaults": f"torch's own: {default_threads} host threads, cuDNN attention on",
+                           "host_settings": "the project's host settings (models/hardware.py, conf host.*)",
+                           "static_step": "the host settings with the static step (CUDA graphs; CUDA only, so "
+                                          "on a CPU the same as host_settings); the verify profile stays eager"},
+              "shapes": {}}
+    for name in s["shapes"]:
+        t0 = time.perf_counter()
+        model = build_shape(name, device, s["dtype"])
+        rows = {}
+        for setting in SETTINGS:                                  # heads are built per setting: not in inference mode
+            host = apply_setting(cfg, device, setting, default_threads)
+            rows[setting] = {"host": {"threads": torch.get_num_threads(),
+                                      "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
+                                      "static_step": bool(host["host_settings"].get("static_step", False))},
+                             "host_record": host, **measure_setting(cfg, model, s)}
+            log.info("%s, %s: plain step %.2f ms, transformers %.2f ms a token", name, setting,
+                     rows[setting]["plain_step_ms"], rows[setting]["hf_generate_ms_per_token"])
+        record["shapes"][name] = {"config": SHAPES[name] or {"tiny": "models.base.build_tiny_model defaults"},
+                                  "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
+                                  "seconds": round(time.perf_counter() - t0, 1), "settings": rows}
+        del model
+        if is_cuda(device) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    path = Path(s["out"] or Path(cfg.paths.reports) / "bench" / f"gpu_{device_slug(device)}.json")
+    return write_json(path, record), record
+
+
+@stage
+def main(cfg: DictConfig) -> None:
+    path, record = run_bench(cfg)
+    for name, shape in record["shapes"].items():
+        for setting, row in shape["settings"].items():
+            steps = ", ".join(f"{f}/{t} {v['step_ms'] / row['plain_step_ms']:.2f}x"
+                              for f, trees in row["drafting"].items() for t, v in trees.items() if t != "heads")
+            print(f"{name} {setting} ({row['host']}): plain {row['plain_step_ms']:.2f} ms, transformers "
+                  f"{row['hf_generate_ms_per_token']:.2f} ms/token; verify x1-token {row['verify']['relative']}; "
+                  f"steps in plain steps: {steps}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`make bench-gpu` (pipelines/bench_gpu.py) on the CPU with the tiny shape: the file it writes has the device,
+versions, date and commit, and every figure for both host settings. No timing is asserted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+
+def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path):
+    from pipelines.bench_gpu import run_bench
+
+    cfg = compose_cfg("+bench_gpu.sizes=[1,4,16]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=6",
+                      "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu")
+    path, record = run_bench(cfg)
+    assert path == tmp_path / "reports" / "bench" / "gpu_cpu.json"
+    assert json.loads(path.read_text()) == record
+    assert record["device"] == "cpu" and record["torch"] == torch.__version__ and record["transformers"]
+    assert record["date"] and record["decoder_commit"] and record["weights"] == "random"
+    assert list(record["shapes"]) == ["tiny"] and record["bench_settings"]["dtype"] == "float32"
+    rows = record["shapes"]["tiny"]["settings"]
+    assert list(rows) == ["torch_defaults", "host_settings", "static_step"]
+    for row in rows.values():
+        assert row["host_record"]["host_settings"] == {}          # a CPU: the host settings change nothing
+        assert row["plain_step_ms"] > 0 and row["hf_generate_ms_per_token"] > 0
+        assert "hf_generate_static_ms_per_token" in row
+        assert row["verify"]["sizes"] == [1, 4, 16] and row["verify"]["relative"][0] == 1.0
+        assert row["verify"]["one_token_ms"] > 0
+        assert set(row["drafting"]) == {"medusa", "eagle"}
+        for family in row["drafting"].values():
+            for tree in ("sparse64", "chain4"):
+                parts = family[tree]
+                assert parts["step_ms"] > 0 and parts["draft_ms"] > 0 and parts["verify_ms"] > 0
+                assert parts["tokens_per_step"] >= 1
+
+
+@pytest.mark.parametrize("override,match", [("+bench_gpu.shapes=[llama_70b]", "llama_70b"),
+                                            ("+bench_gpu.sizes=[4,8]", "must include 1"),
+                                            ("+bench_gpu.repeat=3", "bench_gpu.repeat ")])
+def test_bench_gpu_refuses_unknown_settings(compose_cfg, override, match):
+    from pipelines.bench_gpu import settings_of
+
+    with pytest.raises(ValueError, match=match):
+        settings_of(compose_cfg(override))

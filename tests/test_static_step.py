@@ -1,0 +1,112 @@
+"""The static decode step (models/engine/static_step.py) on the CPU: the fixed-shape forward it would capture as
+CUDA graphs runs eagerly here, so these check its buffers, its cache and that greedy output equals the eager
+step's token for token (float32), with the graph capture failing over to the eager forward where it cannot run."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from models.engine import decoding
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import generate, prefill, verify_masks
+from models.engine.drafters import make_drafter
+from models.engine.static_step import StaticDecoder, attach_static
+from models.engine.trees import TreeBuffers, tree_from_config
+from models.heads import HeadsConfig, build_heads
+from pipelines.common import CONF_DIR
+
+PROMPT = torch.randint(200, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def exact_drafter(model, tree_name: str):
+    """A draft model that is the tiny base itself (copies of both its layers): its drafts are nearly always
+    accepted, so steps accept long and branching paths and the cache is pruned to non-prefix paths."""
+    heads = build_heads(HeadsConfig.for_base(model, "draft_model", 4, 2, share_lm_head=True), model).eval()
+    return make_drafter({"kind": "heads", "tree": tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{tree_name}.yaml"))},
+                        heads=heads)
+
+
+@pytest.mark.parametrize("tree_name", [None, "sparse64", "chain4"])
+def test_static_step_decodes_what_the_eager_step_decodes(tiny_model, tree_name):
+    model, _ = tiny_model
+    eager = generate(model, None, PROMPT, max_new_tokens=30, stop_token_ids=[], static=False)
+    drafter = exact_drafter(model, tree_name) if tree_name else None
+    static = generate(model, None, PROMPT, drafter, max_new_tokens=30, stop_token_ids=[], static=True)
+    assert static.new_tokens == eager.new_tokens
+    if tree_name == "sparse64":
+        assert static.mean_accepted_length > 2                 # long accepted paths went through the static cache
+
+
+def test_capture_that_cannot_run_falls_back_to_the_eager_forward(tiny_model):
+    """Graphs asked for on a CPU: every size's capture fails, is recorded, and the step runs eagerly."""
+    model, _ = tiny_model
+    ids = torch.tensor([PROMPT])
+    state = prefill(model, ids, SamplingConfig())
+    static = attach_static(state, None, max_new_tokens=8, capture=True)
+    assert isinstance(state.decoder, StaticDecoder) and static.mode == "cuda_graphs"
+    tokens = [decoding.decode_step(state)[0][0] for _ in range(4)]
+    assert tokens == generate(model, None, PROMPT, max_new_tokens=5, stop_token_ids=[], static=False).new_tokens[1:]
+    assert list(static.fallback) == [1] and static.graphs == {}
+
+
+def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
+    model, _ = tiny_model
+    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
+    static = attach_static(state, None, max_new_tokens=16, buckets=(1, 4, 8))
+    past = state.past
+    tree = tree_from_config({"name": "t", "kind": "paths", "topk": 10, "paths": [[0], [1], [0, 0], [0, 1]]})
+    buf = TreeBuffers.build(tree)
+    n = buf.num_tokens                                                        # 5 with the root: padded to 8
+    mask = verify_masks(model.config, buf, past, torch.float32, "cpu")
+    ids = torch.arange(1, n + 1).unsqueeze(0)
+    b = static.fill(ids, mask, (buf.depth + past).unsqueeze(0), past)
+    lowest = torch.finfo(torch.float32).min
+    assert b == 8 and static.bucket(1) == 1 and static.bucket(9) == 9
+    assert static.ids[0, :b].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert static.position_ids[0, :n].tolist() == (buf.depth + past).tolist()
+    assert static.positions[:b].tolist() == list(range(past, past + b))       # the cache slots each row writes
+    assert torch.equal(static.mask[0, 0, :n, :past + n], mask[0, 0])          # the engine's own mask, unchanged
+    assert (static.mask[0, 0, :n, past + n:] == lowest).all()                  # padding and unfilled slots hidden
+    for r in range(n, b):                                                     # a padding row sees its own slot only
+        assert (static.mask[0, 0, r] == 0).nonzero().flatten().tolist() == [past + r]
+    with pytest.raises(ValueError, match="does not fit"):
+        static.fill(ids, mask, (buf.depth + past).unsqueeze(0), static.cache.capacity - 4)
+
+
+def test_drafters_reading_intermediate_layers_stay_eager(tiny_model):
+    model, _ = tiny_model
+    heads = build_heads(HeadsConfig.for_base(model, "eagle3", 4, 1, share_lm_head=True), model).eval()
+    drafter = make_drafter({"kind": "heads", "tree": tree_from_config({"name": "c", "kind": "chain", "topk": 10,
+                                                                       "depth": 2})}, heads=heads)
+    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=drafter)
+    assert attach_static(state, drafter, max_new_tokens=8) is None and not isinstance(state.decoder, StaticDecoder)
+
+
+def test_the_host_settings_turn_the_static_step_on(tiny_model, monkeypatch):
+    """generate(static=None) takes the static step where the host settings chose it (the CUDA check stubbed)."""
+    from models import hardware
+
+    model, _ = tiny_model
+    attached = []
+    monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: attached.append(n))
+    monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
+    monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": False})
+    generate(model, None, PROMPT, max_new_tokens=3, stop_token_ids=[])
+    monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": True})
+    generate(model, None, PROMPT, max_new_tokens=3, stop_token_ids=[])
+    assert attached == [3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tree_name", [None, "sparse64"])
+def test_on_cuda_the_captured_graphs_decode_what_the_eager_step_decodes(tiny_model, tree_name):
+    model, _ = tiny_model
+    model = model.to("cuda")
+    eager = generate(model, None, PROMPT, max_new_tokens=30, stop_token_ids=[], static=False)
+    drafter = exact_drafter(model, tree_name) if tree_name else None
+    state = prefill(model, torch.tensor([PROMPT], device="cuda"), SamplingConfig(), drafter=drafter)
+    static = attach_static(state, drafter, max_new_tokens=30)
+    assert static.mode == "cuda_graphs"
+    graphs = generate(model, None, PROMPT, drafter, max_new_tokens=30, stop_token_ids=[], static=True)
+    assert graphs.new_tokens == eager.new_tokens
