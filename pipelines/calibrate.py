@@ -35,6 +35,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeBuffers, TreeSpec, tree_from_config
+from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
@@ -299,11 +300,12 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
     write_json(out / "calibration.json", result)
     metrics = {k: chosen[k] for k in ("predicted_accept_length", "replay_accept_length", "predicted_tokens_per_s",
                                       "predicted_speedup")}
-    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]]}
+    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
+               **write_grown(cfg, result["grown"], out, result["machine"])}          # tree=dynamic_optimal
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])
-    return metrics, [out / "optimal_tree.json", out / "calibration.json", *pngs]
+    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, out / "calibration.json", *pngs]
 
 
 def calibrate(cfg: DictConfig) -> dict:
@@ -335,6 +337,7 @@ def calibrate(cfg: DictConfig) -> dict:
         "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
         "baseline_tokens_per_s": 1.0 / latency["baseline_step_s"], "verify_now_vs_profile": drift, "budgets": rows,
         "fixed_trees": fixed, "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
+        "grown": grown_rows(cfg, model, heads, prompts, seqs, latency),           # the tree grown per step
     }
     metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs
     if chosen["predicted_speedup"] < 1:

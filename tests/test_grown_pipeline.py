@@ -1,0 +1,92 @@
+"""pytest tests/test_grown_pipeline.py: the tree grown per step in the pipeline.
+
+- calibrate (tiny model, random heads): the replay of grown trees against a by-hand count, and the stage's
+  chosen (depth, top_k, nodes) in its metrics and in dynamic_tree.json, which tree=dynamic_optimal loads;
+  draft heads' depths capped at their number, EAGLE's not.
+- evaluate: tree=dynamic_optimal and dynamic_optimal_pld resolve from that file and decode losslessly.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from omegaconf import open_dict
+
+from models.base import build_tiny_model
+from models.engine.trees import GrownTree, tree_from_config
+from models.heads import HeadsConfig, build_heads
+from models.measure.grown_calibration import GrownReplay, accepted_drafts, grown_settings
+from tests.test_calibration import _tiny_stage_config, _write_tiny_distilled
+from tests.test_evaluate import read, stage_cfg  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_accepted_drafts_restrict_the_ranking_to_the_levels_and_nodes():
+    """One position: candidates ranked root, a(1), b(1), c(2), d(2), e(3); the greedy path is b -> d -> e."""
+    replay = GrownReplay(2, path_levels=[[1, 2, 3]], path_order=[[2, 4, 5]],
+                         ranked_levels=[np.array([0, 1, 1, 2, 2, 3])])
+    got = {(lv, n): int(accepted_drafts(replay, lv, n)[0]) for lv in (1, 2, 3) for n in (1, 2, 3, 4, 5)}
+    assert got[(1, 1)] == 0 and got[(1, 2)] == 1 and got[(1, 5)] == 1       # one level: b alone
+    assert got[(2, 3)] == 1 and got[(2, 4)] == 2 and got[(3, 4)] == 2 and got[(3, 5)] == 3
+
+
+def test_settings_cap_the_depth_where_the_heads_stop():
+    assert grown_settings([3, 5], [4], [8], max_levels=4) == [(3, 4, 8)]
+    assert grown_settings([3, 5], [4], [8], max_levels=None) == [(3, 4, 8), (5, 4, 8)]
+
+
+@pytest.mark.parametrize("heads_name", ["hydra", "eagle"])
+def test_calibrate_chooses_a_grown_tree_and_writes_it_in_its_metrics(tmp_path, heads_name):
+    from pipelines.calibrate import calibrate
+
+    cfg = _tiny_stage_config(tmp_path, heads_name)
+    with open_dict(cfg):
+        cfg.profile.calibrate.grown = {"depth": [1, 3], "top_k": [2, 3], "nodes": [2, 6], "every": 2}
+    model, tok = build_tiny_model(seed=0)
+    _write_tiny_distilled(tmp_path / "distilled", tok)
+    config = HeadsConfig.for_base(model, family=cfg.heads.family, num_heads=2, num_layers=1, share_lm_head=True)
+    build_heads(config, model).save(tmp_path / "results" / "heads" / heads_name)
+    done = calibrate(cfg)
+    rows = done["result"]["grown"]
+    depths = {r["depth"] for r in rows}
+    assert depths == ({1, 3} if heads_name == "eagle" else {1})             # 2 heads: 2 levels at most
+    assert len(rows) == len(depths) * 4 and all(r["positions"] > 0 for r in rows)
+    assert all(1.0 <= r["predicted_accept_length"] <= 2 + r["depth"] and r["predicted_tokens_per_s"] > 0 for r in rows)
+    best = max(rows, key=lambda r: (r["predicted_tokens_per_s"], -r["nodes"], -r["depth"], -r["top_k"]))
+    metrics = json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())
+    assert {k: metrics[f"dynamic_{k}"] for k in ("depth", "top_k", "nodes")} == \
+        {k: best[k] for k in ("depth", "top_k", "nodes")}
+    file = tmp_path / "results" / "calibrate" / heads_name / "dynamic_tree.json"
+    assert file in done["files"]
+    tree = tree_from_config({"kind": "file", "name": "dynamic_optimal", "file": str(file)})
+    assert tree == GrownTree("dynamic_optimal", best["depth"], best["top_k"], best["nodes"])
+
+
+def test_evaluate_runs_the_calibrated_grown_tree_alone_and_with_prompt_lookup(stage_cfg, tmp_path):  # noqa: F811
+    from pipelines.evaluate import run_evaluation
+
+    folder = tmp_path / "results" / "calibrate" / "hydra"
+    folder.mkdir(parents=True)
+    (folder / "dynamic_tree.json").write_text(json.dumps({"kind": "grown", "name": "dynamic_optimal", "depth": 3,
+                                                          "top_k": 3, "nodes": 8}))
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.trees = ["dynamic_optimal", "dynamic_optimal_pld"]
+        stage_cfg.profile.eval.families = ["hydra"]
+        stage_cfg.profile.eval.repeats = 1
+    summary = run_evaluation(stage_cfg)
+    alone, pld = summary["methods"]["hydra-dynamic_optimal"], summary["methods"]["hydra-dynamic_optimal_pld"]
+    assert alone["grown"] == {"depth": 3, "top_k": 3, "nodes": 8} and alone["tree_nodes"] == 8
+    assert pld["lookup_branch"] is True and pld["tree"] == "dynamic_optimal_pld" and alone["lookup_branch"] is False
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
+    assert report["passed"] and report["methods"]["hydra-dynamic_optimal_pld"]["checked_turns"] == 4
+
+
+def test_the_cpu_profile_evaluates_the_grown_trees():
+    from omegaconf import OmegaConf
+
+    from pipelines.common import CONF_DIR
+
+    trees = OmegaConf.load(f"{CONF_DIR}/profile/cpu.yaml").eval.trees
+    assert {"dynamic_optimal", "dynamic_optimal_pld"} <= set(trees)
