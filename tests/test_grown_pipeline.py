@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import open_dict
 
 from models.base import build_tiny_model
@@ -90,3 +91,52 @@ def test_the_cpu_profile_evaluates_the_grown_trees():
 
     trees = OmegaConf.load(f"{CONF_DIR}/profile/cpu.yaml").eval.trees
     assert {"dynamic_optimal", "dynamic_optimal_pld"} <= set(trees)
+
+
+def fitted_heads(family: str, lr: float):
+    """(model, tok, heads, prompts, greedy sequences): heads that get some drafts accepted, not all. EAGLE: its layer
+    made the one-layer base's own, perturbed (tests/test_sampling_ar.py); the others partly fitted."""
+    from models.measure.calibration import greedy_continuations
+    from tests.test_calibration import _fit_heads
+    from tests.test_sampling_ar import eagle_like_the_base
+
+    torch.manual_seed(0)
+    model, tok = build_tiny_model(seed=1, num_layers=1 if family == "eagle" else 2)
+    heads = build_heads(HeadsConfig.for_base(model, family=family, num_heads=3, share_lm_head=True), model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]) for q in ["Hi there", "What is 2+2?"]]
+    seqs = greedy_continuations(model, prompts, 40)
+    if family == "eagle":
+        eagle_like_the_base(model, heads.eagle, scale=0.3)
+    else:
+        _fit_heads(model, heads, seqs, [len(p) - 1 for p in prompts], lr=lr)
+    return model, tok, heads.eval(), prompts, seqs
+
+
+@pytest.mark.parametrize("family,lr", [("hydra", 3e-3), ("medusa", 1e-2), ("eagle", None)])
+def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
+    """The replay's acceptance is the decoder's: on the base's greedy continuation, the drafts the replay counts at
+    the positions decoding visits are the decoder's own per step (some drafts accepted, some not)."""
+    from models.engine.decoding import generate
+    from models.engine.drafters import heads_drafter
+    from models.measure.grown_calibration import replay_grown
+
+    model, tok, heads, prompts, seqs = fitted_heads(family, lr)
+    N, tree = 40, GrownTree("t", depth=3 if family == "eagle" else 2, top_k=3, nodes=6)
+    accepted, rejected = False, False
+    for p, s in zip(prompts, seqs):
+        replay = replay_grown(model, heads, [s], [len(p) - 1], tree.top_k, tree.depth)
+        drafts = accepted_drafts(replay, tree.levels, tree.nodes)               # position start + i
+        assert len(drafts) == len(s) - len(p)
+        every2 = replay_grown(model, heads, [s], [len(p) - 1], tree.top_k, tree.depth, every=2)   # chunked advances
+        assert accepted_drafts(every2, tree.levels, tree.nodes).tolist() == drafts[::2].tolist()
+        res = generate(model, tok, p, heads_drafter(heads, tree), max_new_tokens=N, stop_token_ids=[])
+        assert res.new_tokens == s[len(p):]
+        k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
+        visited = np.cumsum([0] + res.accept_lengths[:k - 1])
+        assert [int(drafts[t]) + 1 for t in visited] == res.accept_lengths[:k]
+        accepted |= max(res.accept_lengths[:k]) > 1
+        rejected |= min(res.accept_lengths[:k]) <= tree.levels
+    assert accepted and rejected
