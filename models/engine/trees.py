@@ -223,20 +223,18 @@ def _build_cached(spec: TreeSpec) -> TreeBuffers:
     index = {p: i for i, p in enumerate(nodes)}
     N = len(nodes)
     parent = [-1] + [index[p[:-1]] for p in nodes[1:]]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    for i, p in enumerate(nodes):
+    rows = [[False] * N for _ in range(N)]                          # built in Python, one tensor: trees grown per
+    for i, p in enumerate(nodes):                                   # step build these buffers at every step
         for d in range(len(p) + 1):                                 # ancestors p[:0] (root) .. p[:len(p)] (itself)
-            mask[i, index[p[:d]]] = True
+            rows[i][index[p[:d]]] = True
+    mask = torch.tensor(rows, dtype=torch.bool)
     children = [[] for _ in range(N)]
     for i in sorted(range(1, N), key=lambda i: nodes[i][-1]):
         children[parent[i]].append(i)
     leaves = [i for i in range(N) if not children[i]]
     D = spec.depth
-    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        p = nodes[leaf]
-        for d in range(len(p) + 1):
-            retrieve[row, d] = index[p[:d]]
+    retrieve = torch.tensor([[index[nodes[leaf][:d]] for d in range(len(nodes[leaf]) + 1)]
+                             + [-1] * (D - len(nodes[leaf])) for leaf in leaves], dtype=torch.long).view(len(leaves), D + 1)
     levels = []
     for d in range(1, D + 1):
         at_d = [i for i in range(N) if len(nodes[i]) == d]
