@@ -140,3 +140,13 @@ def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
         accepted |= max(res.accept_lengths[:k]) > 1
         rejected |= min(res.accept_lengths[:k]) <= tree.levels
     assert accepted and rejected
+
+
+def test_bench_load_times_a_stand_in_grown_tree_before_calibrate(compose_cfg):
+    from pipelines.bench_load import stand_in_tree
+    from pipelines.methods import resolve_tree, tree_config
+
+    cfg = compose_cfg()
+    tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, "dynamic_optimal_pld", "hydra")),
+                                           "dynamic_optimal_pld")
+    assert isinstance(tree, GrownTree) and (tree.top_k, tree.nodes) == (4, 12) and lookup and step_cost is None
