@@ -8,7 +8,8 @@
   merged in, on the tiny models and on a 7-layer base with a 1-token prompt; the head methods draft no deeper than
   their heads, the autoregressive ones as deep as the tree asks.
 - Sampling acceptance with its top-k drafts follows the base distribution (chi-square, tests/test_sampling.py's
-  machinery; an accept-all control fails); draft="sample" is refused with the reason.
+  machinery, for Hydra-style heads and a draft model; an accept-all control fails); typical acceptance runs and
+  repeats under a seed; draft="sample" is refused with the reason.
 - Invalid configs fail naming the value.
 """
 from __future__ import annotations
@@ -202,6 +203,18 @@ def tiny_setup():
     return make_setup("llama")
 
 
+@pytest.fixture(scope="module")
+def two_layer_setup():
+    """tiny_setup's base with a draft model of both its layers (the base one position down), perturbed."""
+    from tests.test_sampling_ar import perturb
+
+    model, tok, ids, _, expected = make_setup("llama")
+    config = HeadsConfig.for_base(model, "draft_model", num_heads=4, num_layers=2, share_lm_head=True)
+    heads = build_heads(config, model).eval()
+    perturb(heads.draft_model, 0.05)
+    return model, tok, ids, heads, expected
+
+
 def sampled(setup, n, tree, draft="topk", seed0=0):
     model, tok, ids, heads, _ = setup
     counts, drafted = {}, 0
@@ -218,11 +231,22 @@ def sampled(setup, n, tree, draft="topk", seed0=0):
 SAMPLING_TREE = GrownTree("s", depth=1, top_k=2, nodes=4)
 
 
-def test_sampling_acceptance_with_grown_top_k_drafts_follows_the_base(tiny_setup):
+@pytest.mark.parametrize("setup", ["tiny_setup", "two_layer_setup"], ids=["hydra", "draft_model"])
+def test_sampling_acceptance_with_grown_top_k_drafts_follows_the_base(setup, request):
+    """Hydra heads that read the base's own logits plus noise (tests/test_sampling.py), and a draft model."""
+    setup = request.getfixturevalue(setup)
     n = 600
-    counts, drafted = sampled(tiny_setup, n, SAMPLING_TREE, seed0=60_000)
-    assert drafted > 0.3 * n
-    assert chi2_pvalue(counts, tiny_setup[-1], n) > 0.01
+    counts, drafted = sampled(setup, n, SAMPLING_TREE, seed0=60_000)
+    assert drafted > 0.3 * n, f"only {drafted} drafted tokens accepted in {n} draws: the test would not test much"
+    assert chi2_pvalue(counts, setup[-1], n) > 0.01
+
+
+def test_typical_acceptance_runs_on_the_grown_tree_and_repeats_under_a_seed(two_layer_setup):
+    """Typical acceptance is not lossless by design: it runs, accepts drafts and repeats itself under a seed."""
+    model, tok, ids, heads, _ = two_layer_setup
+    runs = [generate(model, tok, ids, heads_drafter(heads, SAMPLING_TREE), max_new_tokens=20, stop_token_ids=[],
+                     sampling=SamplingConfig(temperature=0.7, acceptance="typical", seed=0)) for _ in range(2)]
+    assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 20 and any(runs[0].from_draft)
 
 
 def test_accept_all_control_fails_on_the_grown_tree(tiny_setup, monkeypatch):
