@@ -150,3 +150,34 @@ def test_bench_load_times_a_stand_in_grown_tree_before_calibrate(compose_cfg):
     tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, "dynamic_optimal_pld", "hydra")),
                                            "dynamic_optimal_pld")
     assert isinstance(tree, GrownTree) and (tree.top_k, tree.nodes) == (4, 12) and lookup and step_cost is None
+
+
+def test_the_results_judge_eagle2s_claim_and_compare_grown_with_fixed_trees():
+    """eagle-dynamic_optimal 1.05x eagle-optimal's speed on every question and 1.5x its accepted tokens: the claim
+    row (published 1.12x speed) is "smaller here" with the accepted-length ratio as its reason; the standard
+    comparisons pair the grown tree with the fixed one; the tables show the grown tree as EAGLE-2 (ours)."""
+    import random
+
+    from analysis.claims import claim_rows
+    from analysis.comparisons import standard_comparisons
+    from analysis.tables import eagle2_method, tree_nodes
+    from models.measure.benchmark import summarize_method
+    from tests.test_intervals import _records, _summary
+
+    summary, rng = _summary(), random.Random(3)
+    base = [rng.uniform(2.0, 3.0) for _ in range(16)]
+    for name, f, acc in (("eagle-optimal", 1.3, 2), ("eagle-dynamic_optimal", 1.3 * 1.05, 3)):
+        recs = _records(name, [t / (f * rng.uniform(0.995, 1.005)) for t in base], accept=acc)
+        summary["methods"][name] = {"kind": "heads", "heads": "eagle", "tree": name.partition("-")[2], "tree_nodes": 12,
+                                    **summarize_method([recs], [_records("baseline", base)])}
+    summary["methods"]["eagle-dynamic_optimal"]["grown"] = {"depth": 5, "top_k": 4, "nodes": 12}
+    row = {r["claim"]: r for r in claim_rows(summary)}["EAGLE-2's dynamic tree beats EAGLE's static tree"]
+    assert row["verdict"] == "smaller here" and "eagle-dynamic_optimal / eagle-optimal" in row["ours"]
+    assert "accepted length 1.50x" in row["reason"] and "1.12x" in row["published"]
+    questions = {r["question"]: r for r in standard_comparisons(summary)}
+    grown = questions["EAGLE: the tree grown per step beats the calibrated fixed tree (accepted length)"]
+    assert grown["ratio"] == pytest.approx(1.5) and grown["verdict"] == "A ahead"
+    assert eagle2_method(summary, "optimal") is summary["methods"]["eagle-dynamic_optimal"]
+    assert tree_nodes(summary["methods"]["eagle-dynamic_optimal"]) == "12 grown"
+    del summary["methods"]["eagle-dynamic_optimal"]
+    assert "EAGLE-2's dynamic tree beats EAGLE's static tree" not in {r["claim"] for r in claim_rows(summary)}
