@@ -150,6 +150,8 @@ def test_bench_load_times_a_stand_in_grown_tree_before_calibrate(compose_cfg):
     tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, "dynamic_optimal_pld", "hydra")),
                                            "dynamic_optimal_pld")
     assert isinstance(tree, GrownTree) and (tree.top_k, tree.nodes) == (4, 12) and lookup and step_cost is None
+    tree, _, lookup = resolve_tree(cfg, tree_config(cfg, "eagle2_pld", "eagle"), "eagle2_pld")
+    assert (tree.name, tree.depth, tree.top_k, tree.nodes, lookup) == ("eagle2_pld", 5, 10, 59, True)
 
 
 def test_the_results_judge_eagle2s_claim_and_compare_grown_with_fixed_trees():
