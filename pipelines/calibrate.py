@@ -11,6 +11,8 @@ Data-driven trees for one head family on this machine (models/measure/calibratio
   5) the tree with the highest predicted tokens/s -> results/calibrate/<heads>/optimal_tree.json
      (tree=optimal loads it), calibration.json, trees/budget_<n>.json, plots, MLflow run,
      reports/metrics/calibrate_<heads>.json
+  6) the tree grown per step: the (depth, top_k, nodes) of profile.calibrate.grown with the highest predicted
+     tokens/s -> dynamic_tree.json (tree=dynamic_optimal loads it), dynamic_* in the metrics (calibrate_grown.py)
 
 DVC runs it on the composed params.yaml with `+select.heads=<name>` (pipelines/common.py).
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.engine.drafters import StepDrafter, make_drafter
+from models.engine.drafters import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.heads import ADAPTER_DIR, load_heads
@@ -161,6 +161,8 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             tree_option = tree_name or cfg.tree.name
             tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
             tree.check_heads(heads.config.num_heads)
+            if isinstance(tree, GrownTree):
+                tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
         if heads.config.family == "draft_model" and cfg.eval.get("sps_hf", {}).get("enabled"):
