@@ -65,9 +65,9 @@ def calibration_table(summary: dict, calibrations: dict[str, dict]) -> Table | N
 
 def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None) -> Table | None:
     """Speedup of the calibrated tree beside the fixed trees, per heads (issue: is optimal the fastest?)."""
-    # cut per step (tree=dynamic) or grown by a lookup branch (tree=optimal_pld): not fixed trees
+    # cut per step (tree=dynamic), grown per step (dynamic_optimal) or by a lookup branch (optimal_pld): not fixed
     cut = {m["tree"] for m in summary["methods"].values()
-           if m["kind"] == "heads" and (m.get("cut_by_cost") or m.get("lookup_branch"))}
+           if m["kind"] == "heads" and (m.get("cut_by_cost") or m.get("lookup_branch") or m.get("grown"))}
     fixed = [t for t in method_trees(summary) if t != "optimal" and t not in cut]
     cut = [t for t in method_trees(summary) if t in cut]
     heads_names = list(dict.fromkeys(m["heads"] for m in summary["methods"].values()

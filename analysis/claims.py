@@ -174,6 +174,22 @@ def _eagle_rows(runs: dict[str, dict], summary: dict) -> list[dict | None]:
     return rows
 
 
+EAGLE2_PUBLISHED = "2.36x vs 2.10x: 1.12x; 4.34 vs 3.58 accepted: 1.21x (Spec-Bench, Vicuna-7B, A100)"
+EAGLE2_PAIR = ("eagle-dynamic_optimal", "eagle-optimal")   # EAGLE's heads on the tree grown per step / fixed tree
+
+
+def _eagle2_row(summary: dict, runs: dict[str, dict]) -> dict | None:
+    """EAGLE-2's claim: the EAGLE heads on their calibrated tree grown per step against the same heads on their
+    calibrated fixed tree, paired by question within one run (evaluate@eagle, else EAGLE's run of its own)."""
+    a, b = EAGLE2_PAIR
+    for run in (summary, runs.get(EAGLE_RUNS["eagle"])):
+        if run and a in run.get("methods", {}) and b in run["methods"]:
+            why = functools.partial(_accept_reason, run)(a, b)
+            return _paired_row(run, "EAGLE-2's dynamic tree beats EAGLE's static tree", EAGLE2_PUBLISHED, a, b,
+                               size=1.12, why=why)
+    return None
+
+
 SPS_RUN = SPS_METHOD = "sps-optimal"   # the run that judges the draft model, and its method: the calibrated tree
 SPS_PUBLISHED = "SpS 1.52x (Spec-Bench: Vicuna-7B with a 68M draft model, A100)"
 
@@ -208,7 +224,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out);
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
     `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
-    EAGLE claims."""
+    EAGLE claims; EAGLE-2's is judged by eagle-dynamic_optimal against eagle-optimal (one run)."""
     train, why = train or {}, functools.partial(_accept_reason, summary)
     rows = [_medusa1_row(summary, latency), _medusa2_row(summary, train, (single_runs or {}).get("medusa2-optimal"))]
     c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
@@ -226,6 +242,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
                     "the tree over a chain in Medusa's ablation (A100; no single figure)", "medusa1-sparse64",
                     "medusa1-chain4", why=_tree_reason(summary, latency))]
     rows += _eagle_rows(single_runs or {}, summary)
+    rows.append(_eagle2_row(summary, single_runs or {}))
     rows.append(_sps_row((single_runs or {}).get(SPS_RUN) or _plain(summary)))
     return [r for r in rows if r is not None]
 

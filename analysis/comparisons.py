@@ -88,6 +88,12 @@ def standard_questions(summary: dict) -> list[Comparison]:
             add(f"{FAMILY_LABELS.get(h, h)} with prompt lookup merged in beats prompt lookup", f"{h}-optimal_pld", pld)
     for h in heads:
         add(f"{FAMILY_LABELS.get(h, h)}: merging prompt lookup in beats the heads alone", f"{h}-optimal_pld", f"{h}-optimal")
+    for h in heads:                                     # the tree grown per step against the calibrated fixed tree
+        for metric in ("accept_length", "speedup"):
+            add(f"{FAMILY_LABELS.get(h, h)}: the tree grown per step beats the calibrated fixed tree "
+                f"({METRIC_LABELS[metric]})", f"{h}-dynamic_optimal", f"{h}-optimal", metric)
+        if pld:
+            add(f"{FAMILY_LABELS.get(h, h)} on the tree grown per step beats prompt lookup", f"{h}-dynamic_optimal", pld)
     for a, b in (("hydra", "medusa1"), ("hydra_pp", "hydra"), ("hydra_pp", "medusa1"), ("medusa2", "medusa1")):
         for metric in ("accept_length", "speedup"):
             add(f"{FAMILY_LABELS[a]} beats {FAMILY_LABELS[b]} ({METRIC_LABELS[metric]}, calibrated trees)",

@@ -13,6 +13,9 @@ from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
 
 
+HEADLINE_TREES = ("optimal", "optimal_pld", "dynamic_optimal", "dynamic_optimal_pld")   # fixed and grown, +- lookup
+
+
 def _fig(entry: dict | None, fmt: str = "{:.2f}") -> str:
     if not entry or entry.get("value") is None:
         return "-"
@@ -43,7 +46,7 @@ def comparisons_table(rows: list[dict]) -> str:
 
 def category_means_table(summary: dict) -> str:
     methods = [(n, m) for n, m in summary["methods"].items()
-               if m["kind"] in PLD_KINDS or (m["kind"] == "heads" and m.get("tree") in ("optimal", "optimal_pld"))]
+               if m["kind"] in PLD_KINDS or (m["kind"] == "heads" and m.get("tree") in HEADLINE_TREES)]
     cats = [c for c in CATEGORIES if any(c in (m.get("per_category") or {}) for _, m in methods)]
     lines = ["| Method | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
     for name, m in methods:

@@ -42,8 +42,10 @@ EAGLE_COLUMNS = (("eagle", "EAGLE"), ("eagle2", "EAGLE-2"), ("eagle3", "EAGLE-3"
 EAGLE_PUBLISHED = ("specbench_2025", "eagle3")        # analysis/published.py tables, in the order shown
 EAGLE_FAMILIES = ("eagle", "eagle3", "sps")            # a run of one method is shown when it ran one of these
 # our rows: the calibrated tree alone and with prompt lookup merged in; EAGLE-2 (ours) is the EAGLE heads on the
-# tree cut per step by cost that starts from the same tree (conf/tree/dynamic.yaml, dynamic_pld.yaml)
-EAGLE2_TREES = {"optimal": "dynamic", "optimal_pld": "dynamic_pld"}
+# calibrated tree grown per step (conf/tree/dynamic_optimal.yaml, dynamic_optimal_pld.yaml), or where that did not
+# run on the tree cut per step by cost that starts from the calibrated tree (conf/tree/dynamic.yaml, dynamic_pld.yaml)
+EAGLE2_TREES = {"optimal": "dynamic_optimal", "optimal_pld": "dynamic_optimal_pld"}
+EAGLE2_CUT_TREES = {"optimal": "dynamic", "optimal_pld": "dynamic_pld"}
 PLD_KINDS = ("pld", "pld_hf")
 
 
@@ -212,11 +214,13 @@ def _pair(speedup, accept) -> str:
 
 
 def eagle2_method(summary: dict, tree: str) -> dict | None:
-    """Ours for EAGLE-2: the EAGLE heads on a tree cut per step by cost, with prompt lookup merged in or not as
-    `tree` is (EAGLE2_TREES names the trees; any other cut tree of the same kind counts too)."""
-    named = find_method(summary, "eagle", EAGLE2_TREES[tree])
-    if named is not None:
-        return named
+    """Ours for EAGLE-2: the EAGLE heads on their tree grown per step, else on a tree cut per step by cost, with
+    prompt lookup merged in or not as `tree` is (EAGLE2_TREES, EAGLE2_CUT_TREES name the trees; any other cut tree
+    of the same kind counts too)."""
+    for trees in (EAGLE2_TREES, EAGLE2_CUT_TREES):
+        named = find_method(summary, "eagle", trees[tree])
+        if named is not None:
+            return named
     lookup = tree.endswith("_pld")
     return next((m for m in summary["methods"].values() if m["kind"] == "heads" and m.get("heads") == "eagle"
                  and m.get("cut_by_cost") and bool(m.get("lookup_branch")) == lookup), None)
@@ -257,10 +261,10 @@ def eagle_table(summary: dict, single_runs: dict[str, dict] | None = None) -> Ta
                    "is Medusa-1. Speedups end to end (prefill included), as published.")
     t.notes.append("Ours, tree optimal: the calibrated tree of each head family (conf/tree/optimal.yaml); tree "
                    "optimal_pld: the same with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml). EAGLE-2 "
-                   "(ours): the EAGLE heads on tree=dynamic (dynamic_pld in the optimal_pld rows), the calibrated "
-                   "16-node tree cut at every step to the nodes whose acceptance, by the heads' own probabilities, "
-                   "pays for their verify cost on this machine's latency profile; EAGLE-2 itself grows a new tree "
-                   "every step from the drafter's confidence. SpS (ours): the two-layer draft model of "
+                   "(ours): the EAGLE heads on tree=dynamic_optimal (dynamic_optimal_pld in the optimal_pld rows), "
+                   "EAGLE-2's tree grown at every step from the drafter's own probabilities, its depth, top_k and "
+                   "nodes calibrated on this machine; where that did not run, tree=dynamic (dynamic_pld), the "
+                   "calibrated 16-node tree cut at every step by cost. SpS (ours): the two-layer draft model of "
                    "conf/heads/sps.yaml. PLD (ours): prompt lookup in the heads' decoder, tree-independent. "
                    "-: not run.")
     if runs:
@@ -276,7 +280,8 @@ def tree_nodes(m: dict) -> str:
     n = m.get("tree_nodes")
     if not n:
         return "-"
-    return (f"<= {n}" if m.get("cut_by_cost") else str(n)) + (" + lookup" if m.get("lookup_branch") else "")
+    size = f"<= {n}" if m.get("cut_by_cost") else f"{n} grown" if m.get("grown") else str(n)
+    return size + (" + lookup" if m.get("lookup_branch") else "")
 
 
 def speed_table(summary: dict) -> Table:

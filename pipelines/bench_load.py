@@ -148,9 +148,13 @@ def timed_decode(model, ids, method: dict, new_tokens: int, max_seconds: float) 
 
 
 def stand_in_tree(tree_cfg: dict) -> dict:
-    """tree_cfg with a calibrated tree file that is not there yet replaced by sparse64's first nodes, and a latency
-    profile that is not there yet dropped (no cut)."""
+    """tree_cfg with a calibrated tree file that is not there yet replaced by its `stand_in` tree option, else by
+    sparse64's first nodes, and a latency profile that is not there yet dropped (no cut)."""
     out = dict(tree_cfg)
+    if out.get("kind") == "file" and not Path(str(out["file"])).is_file() and out.get("stand_in"):
+        log.warning("no calibrated tree %s yet: timing tree=%s in its place", out["file"], out["stand_in"])
+        return {**OmegaConf.to_container(OmegaConf.load(f"{CONF_DIR}/tree/{out['stand_in']}.yaml")),
+                "lookup": out.get("lookup", False)}
     if out.get("kind") == "file" and not Path(str(out["file"])).is_file():
         log.warning("no calibrated tree %s yet: timing sparse64's first %d nodes in its place", out["file"],
                     FALLBACK_NODES)

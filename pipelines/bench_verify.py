@@ -8,8 +8,9 @@ A benchmark, not a test: on this machine, for the configured base model (SmolLM2
      4 tokens <= 1.20x and 8 tokens <= 1.35x of a 1-token step;
   2) drafting + bookkeeping (acceptance rule, KV pruning, drafter state) per decoding step as a
      share of the verify step (forward + LM head), per head family of `pipeline_heads` (Medusa, Hydra,
-     Hydra++, EAGLE, the draft model of `sps`; a row per family, named by its first head config) with the
-     sparse64 tree and freshly initialised heads on the profile's draft vocabulary (their quality does not
+     Hydra++, EAGLE, the draft model of `sps`; rows per family, named by its first head config) on the
+     fixed sparse64 tree and the trees grown per step (eagle2: the authors' 59 nodes, eagle2_cpu: 12; draft
+     heads stop at their number of levels) with freshly initialised heads on the profile's draft vocabulary (their quality does not
      matter for timing; the draft model starts as copies of base layers, EAGLE's layer as random weights).
 Prints both tables and writes results/bench/bench_verify.json.
 """
@@ -34,11 +35,17 @@ from pipelines.common import CONF_DIR, load_model, log, stage, write_json
 from pipelines.host import apply_host
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
-            "tree": "sparse64"}
+            "tree": None, "trees": ["sparse64", "eagle2_cpu", "eagle2"]}   # tree=X: that tree alone
+
+
+def bench_trees(settings) -> dict:
+    """{name: tree} of the trees timed: the fixed ones and the grown ones (EAGLE-2's, and it sized for a CPU)."""
+    names = [settings["tree"]] if settings["tree"] else list(settings["trees"])
+    return {name: tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{name}.yaml")) for name in names}
 
 
 def overhead_per_family(cfg, model, settings) -> list[dict]:
-    tree = tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{settings['tree']}.yaml"))
+    trees = bench_trees(settings)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(model.config.vocab_size, (settings["prefix_len"],), generator=g).tolist()
     share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
@@ -59,16 +66,23 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
                                       draft_vocab_size=None if draft_ids is None else len(draft_ids))
         heads = build_heads(config, model, draft_ids).eval()
         prepare_heads_for_decoding(heads)                               # as the decoders run them
-        drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
-        generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[])   # warm up
-        res = generate(model, None, prompt, drafter, sampling=SamplingConfig(),
-                       max_new_tokens=settings["new_tokens"], stop_token_ids=[])
-        per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
-        overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
-        rows.append({"family": family, "heads": conf_name, "heads_layers": layers, "steps": res.steps,
-                     "mean_accepted_length": res.mean_accepted_length, "tokens_per_second": res.tokens_per_second,
-                     **{f"{k}_ms": v for k, v in per_step.items()}, "overhead_share": overhead / per_step["verify"]})
+        for tree_name, tree in trees.items():
+            row = time_drafter(model, prompt, make_drafter({"kind": "heads", "tree": tree}, heads=heads), settings)
+            rows.append({"family": family, "heads": conf_name, "heads_layers": layers, "tree": tree_name,
+                         "tree_nodes": tree.num_nodes, **row})
     return rows
+
+
+def time_drafter(model, prompt: list[int], drafter, settings) -> dict:
+    """Milliseconds per decoding step of each part, and drafting + bookkeeping as a share of the verify step."""
+    generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[])   # warm up
+    res = generate(model, None, prompt, drafter, sampling=SamplingConfig(), max_new_tokens=settings["new_tokens"],
+                   stop_token_ids=[])
+    per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
+    overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
+    return {"steps": res.steps, "mean_accepted_length": res.mean_accepted_length,
+            "tokens_per_second": res.tokens_per_second, **{f"{k}_ms": v for k, v in per_step.items()},
+            "overhead_share": overhead / per_step["verify"]}
 
 
 @torch.inference_mode()
@@ -122,15 +136,15 @@ def main(cfg: DictConfig) -> None:
             print(op_profile(model, n, settings["prefix_len"]))
 
     rows = overhead_per_family(cfg, model, settings)
-    print(f"\n2) per decoding step, tree {settings['tree']}, {settings['new_tokens']} new tokens, random heads")
-    print(f"{'heads':>22} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
+    print(f"\n2) per decoding step, {settings['new_tokens']} new tokens, random heads (grown trees: eagle2*)")
+    print(f"{'heads':>22} {'tree':>11} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
           f"{'tok/s':>7}")
     for r in rows:
         if r["family"] == "baseline":
-            print(f"{'baseline':>22} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
+            print(f"{'baseline':>22} {'':>11} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
             continue
         name = f"{r['heads']} ({r['family']})"
-        print(f"{name:>22} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
+        print(f"{name:>22} {r['tree']:>11} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
               f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
     record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load, "host": host,
               "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,

@@ -11,6 +11,8 @@ Data-driven trees for one head family on this machine (models/measure/calibratio
   5) the tree with the highest predicted tokens/s -> results/calibrate/<heads>/optimal_tree.json
      (tree=optimal loads it), calibration.json, trees/budget_<n>.json, plots, MLflow run,
      reports/metrics/calibrate_<heads>.json
+  6) the tree grown per step: the (depth, top_k, nodes) of profile.calibrate.grown with the highest predicted
+     tokens/s -> dynamic_tree.json (tree=dynamic_optimal loads it), dynamic_* in the metrics (calibrate_grown.py)
 
 DVC runs it on the composed params.yaml with `+select.heads=<name>` (pipelines/common.py).
 """
@@ -35,6 +37,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
 from models.engine.fast_inference import prepare_for_decoding
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
+from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host, host_metrics
 
@@ -301,11 +304,12 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
     metrics = {k: chosen[k] for k in ("predicted_accept_length", "replay_accept_length", "predicted_tokens_per_s",
                                       "predicted_speedup")}
     metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
+               **write_grown(cfg, result["grown"], out, result["machine"]),          # tree=dynamic_optimal
                "host": host_metrics(result["machine"]["device"])}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])
-    return metrics, [out / "optimal_tree.json", out / "calibration.json", *pngs]
+    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, out / "calibration.json", *pngs]
 
 
 def calibrate(cfg: DictConfig) -> dict:
@@ -335,6 +339,7 @@ def calibrate(cfg: DictConfig) -> dict:
         "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
         "baseline_tokens_per_s": 1.0 / latency["baseline_step_s"], "verify_now_vs_profile": drift, "budgets": rows,
         "fixed_trees": fixed, "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
+        "grown": grown_rows(cfg, model, heads, prompts, seqs, latency),           # the tree grown per step
     }
     metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs
     if chosen["predicted_speedup"] < 1:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.engine.drafters import StepDrafter, make_drafter
+from models.engine.drafters import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.engine.trees import TreeSpec, tree_from_config
+from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.heads import ADAPTER_DIR, load_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
@@ -34,7 +34,7 @@ class Method:
     kind: str                      # baseline | heads | pld | pld_hf | sps_hf | reference | drafter (eval.drafters)
     model: object
     heads: object = None
-    tree: TreeSpec | None = None
+    tree: TreeSpec | GrownTree | None = None
     heads_name: str | None = None
     family: str | None = None
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
@@ -48,7 +48,9 @@ class Method:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
                 "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
                 "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup,
-                **({"drafter": self.spec} if self.spec else {})}
+                **({"drafter": self.spec} if self.spec else {}),
+                **({"grown": {"depth": self.tree.depth, "top_k": self.tree.top_k, "nodes": self.tree.nodes}}
+                   if isinstance(self.tree, GrownTree) else {})}
 
 
 # -- 1) which methods ----------------------------------------------------------------------------
@@ -159,6 +161,8 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             tree_option = tree_name or cfg.tree.name
             tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
             tree.check_heads(heads.config.num_heads)
+            if isinstance(tree, GrownTree):
+                tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
         module = heads.family.draft_module(heads)

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from datasets import load_from_disk
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
 from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent

@@ -80,11 +80,58 @@ def dense_tree(k: int, depth: int, topk: int = 10, name: str | None = None) -> T
     return TreeSpec(name or f"dense{k}x{depth}", tuple(paths), topk)
 
 
-def tree_from_config(cfg) -> TreeSpec:
-    """TreeSpec from a dict-like config: kind = paths | chain | dense | file (see conf/tree/*.yaml)."""
+@dataclass(frozen=True)
+class GrownTree:
+    """A tree grown anew at every step from the draft's own probabilities (EAGLE-2's dynamic tree;
+    models/engine/drafters/grown.py): the root's top_k children, then `depth` expansions, each giving the top_k
+    nodes of the deepest level (by cumulative log-probability) their top_k children; of everything drafted the
+    best `nodes` are verified. Drafts depth + 1 levels at most (draft heads: no more than their number)."""
+    name: str
+    depth: int
+    top_k: int
+    nodes: int
+
+    def __post_init__(self):
+        for key, low in (("depth", 0), ("top_k", 1), ("nodes", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"grown tree {self.name!r}: {key}={value!r}; it must be a whole number >= {low}")
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes verified at most (the root not counted)."""
+        return self.nodes
+
+    @property
+    def levels(self) -> int:
+        return self.depth + 1
+
+    def check_heads(self, num_heads: int) -> None:
+        """Nothing to refuse: the drafter drafts no deeper than its proposer can (draft heads: num_heads)."""
+
+    @staticmethod
+    def from_config(get, name: str) -> "GrownTree":
+        missing = [k for k in ("depth", "top_k", "nodes") if get(k) is None]
+        if missing:
+            raise ValueError(f"grown tree {name!r} needs {missing} (depth, top_k, nodes: see conf/tree/eagle2.yaml)")
+        return GrownTree(name, *(whole(get(k), f"grown tree {name!r}: {k}") for k in ("depth", "top_k", "nodes")))
+
+
+def whole(value, what: str) -> int:
+    """A config value as an int, refused when it is not a whole number (1.5, "3", True)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"{what}={value!r}; it must be a whole number")
+    return int(value)
+
+
+def tree_from_config(cfg) -> TreeSpec | GrownTree:
+    """TreeSpec from a dict-like config: kind = paths | chain | dense | file (see conf/tree/*.yaml); kind = grown, or
+    a file with "kind": "grown" (calibrated): a GrownTree."""
     get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
     kind, topk = get("kind"), int(get("topk", 10) or 10)
     name = get("name") or kind
+    if kind == "grown":
+        return GrownTree.from_config(get, name)
     if kind == "paths":
         return TreeSpec(name, tuple(tuple(p) for p in get("paths")), topk)
     if kind == "chain":
@@ -97,10 +144,12 @@ def tree_from_config(cfg) -> TreeSpec:
             raise FileNotFoundError(f"tree file {path} does not exist; it is written by `python -m pipelines.calibrate "
                                     "heads=<name>` (or pick tree=sparse64 | chain4 | dense)")
         data = json.loads(path.read_text())
+        if data.get("kind") == "grown":
+            return GrownTree.from_config(data.get, str(get("name") or data.get("name", name)))
         if "paths" not in data:
             raise ValueError(f"tree file {path} has no 'paths' list (keys: {sorted(data)})")
         return TreeSpec(data.get("name", name), tuple(tuple(p) for p in data["paths"]), int(data.get("topk", topk)))
-    raise ValueError(f"tree kind {kind!r} is not known; use paths | chain | dense | file")
+    raise ValueError(f"tree kind {kind!r} is not known; use paths | chain | dense | file | grown")
 
 
 @dataclass
@@ -174,20 +223,18 @@ def _build_cached(spec: TreeSpec) -> TreeBuffers:
     index = {p: i for i, p in enumerate(nodes)}
     N = len(nodes)
     parent = [-1] + [index[p[:-1]] for p in nodes[1:]]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    for i, p in enumerate(nodes):
+    rows = [[False] * N for _ in range(N)]                          # built in Python, one tensor: trees grown per
+    for i, p in enumerate(nodes):                                   # step build these buffers at every step
         for d in range(len(p) + 1):                                 # ancestors p[:0] (root) .. p[:len(p)] (itself)
-            mask[i, index[p[:d]]] = True
+            rows[i][index[p[:d]]] = True
+    mask = torch.tensor(rows, dtype=torch.bool)
     children = [[] for _ in range(N)]
     for i in sorted(range(1, N), key=lambda i: nodes[i][-1]):
         children[parent[i]].append(i)
     leaves = [i for i in range(N) if not children[i]]
     D = spec.depth
-    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        p = nodes[leaf]
-        for d in range(len(p) + 1):
-            retrieve[row, d] = index[p[:d]]
+    retrieve = torch.tensor([[index[nodes[leaf][:d]] for d in range(len(nodes[leaf]) + 1)]
+                             + [-1] * (D - len(nodes[leaf])) for leaf in leaves], dtype=torch.long).view(len(leaves), D + 1)
     levels = []
     for d in range(1, D + 1):
         at_d = [i for i in range(N) if len(nodes[i]) == d]

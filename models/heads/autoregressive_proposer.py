@@ -47,6 +47,7 @@ class AutoregressiveProposer:
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
         self.eagle = heads.family.draft_module(heads) if heads is not None else eagle    # any AutoregressiveDraft
+        self.max_depth = None                  # the layer runs over its own outputs: as deep as a tree asks
         self.taps = self.eagle.taps            # EAGLE-3: the decode step hands it these base states, not the final
         if heads is not None:
             linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]

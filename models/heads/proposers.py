@@ -34,6 +34,7 @@ class HeadsProposer:
         self.heads, config = heads, heads.config
         family = get_family(config.family)
         self.reads_path, self.prefixed = family.reads_path, family.prefix_layer
+        self.max_depth = config.num_heads               # head d drafts depth d + 1: no deeper tree
         # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
         # shared), so that head k runs as head_hidden + project (fast for few rows); other head objects:
         # head_logits over the full vocabulary.

@@ -318,12 +318,12 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300, seed: 
     pruning + the drafter's state)."""
     from models.engine.acceptance import SamplingConfig
     from models.engine.decoding import prefill, time_step
-    from models.engine.drafters import TreeDrafter
+    from models.engine.drafters import tree_drafter
 
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
-    drafter = TreeDrafter(heads, spec)
+    drafter = tree_drafter(heads, spec)                 # a fixed tree, or a GrownTree grown at every step
     state = prefill(model, ids.to(next(model.parameters()).device), SamplingConfig(), drafter=drafter)
-    steps = time_step(state, drafter, spec.depth, repeats)
+    steps = time_step(state, drafter, getattr(spec, "levels", spec.depth), repeats)
     for s in steps:
         s["verify"] -= s["lm_head"]                     # the forward alone (the profile's "seconds")
     return {k: float(np.median([s[k] for s in steps])) for k in ("draft", "verify", "lm_head", "accept", "commit")}

@@ -33,8 +33,8 @@ import torch
 from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
 from models.engine.drafters.prompt_lookup import PromptLookupDrafter
-from models.engine.drafters.tree import TreeDrafter
-from models.engine.trees import TreeBuffers, TreeSpec
+from models.engine.drafters.tree import tree_drafter
+from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
 
 __all__ = ["LookupBranchDrafter", "merge_chain", "merged_q", "with_branch"]
 
@@ -71,10 +71,12 @@ class LookupBranchDrafter:
 
     PRIOR = (1.0, 2.0)             # Laplace: a rate of 1/2 before any evidence
 
-    def __init__(self, heads, tree: TreeSpec | TreeBuffers, lookup: PromptLookupDrafter,
+    def __init__(self, heads, tree: TreeSpec | TreeBuffers | GrownTree, lookup: PromptLookupDrafter,
                  step_cost: list[float] | None = None):
         self.step_cost = checked_step_costs(step_cost)
-        self.tree = TreeDrafter(heads, tree, want_probs=self.step_cost is not None)   # uncut: the union is cut here
+        if isinstance(tree, GrownTree) and self.step_cost is not None:
+            raise ValueError(f"grown tree {tree.name!r} with cut_by_cost: a grown tree picks its nodes itself")
+        self.tree = tree_drafter(heads, tree, want_probs=self.step_cost is not None)   # uncut: the union is cut here
         self.lookup = lookup
         self.stats: dict[int, list[float]] = {}                             # n-gram length -> [right, tried]
         self._pending: tuple[int, list[int]] | None = None                  # last step's (n, chain)

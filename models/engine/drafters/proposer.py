@@ -48,6 +48,7 @@ class Proposer(Protocol):
     taps: tuple[int, ...]                 # base states it reads beside the final one (models/engine/taps.py)
     draft_ids: torch.Tensor | None        # [Vd] token id of each score column; None: the full vocabulary
     vocab_size: int                       # the base's vocabulary (for q over the full vocabulary)
+    max_depth: int | None                 # the deepest tree it can draft (draft heads: their number); None: any
 
     def start(self, ctx: DraftContext) -> None: ...
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None: ...

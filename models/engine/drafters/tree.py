@@ -1,5 +1,6 @@
 """A drafted tree, optionally cut per step by cost (tree=optimal, sparse64, chain4, dynamic): the proposals of the
-proposer the heads' method registered (proposer.py), walked depth by depth over the fixed tree.
+proposer the heads' method registered (proposer.py), walked depth by depth over the fixed tree; or a tree grown
+per step (tree=eagle2, dynamic_optimal: grown.py), built from the same spec kind.
 
     drafter = make_drafter({"kind": "heads", "tree": spec, "step_cost": costs}, heads=heads)
 """
@@ -9,8 +10,9 @@ import torch
 
 from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
+from models.engine.drafters.grown import GrownTreeDrafter
 from models.engine.drafters.proposer import Proposer, draft_tree, proposer_for
-from models.engine.trees import TreeBuffers, TreeSpec
+from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
 
 
 class TreeDrafter:
@@ -55,9 +57,20 @@ class TreeDrafter:
         self.proposer.rewind(position)
 
 
+def tree_drafter(heads, tree: TreeSpec | TreeBuffers | GrownTree, step_cost: list[float] | None = None,
+                 want_probs: bool = False) -> TreeDrafter | GrownTreeDrafter:
+    """The proposals of `heads` on a fixed tree (optionally cut by cost) or on a tree grown per step."""
+    if not isinstance(tree, GrownTree):
+        return TreeDrafter(heads, tree, step_cost, want_probs)
+    if step_cost is not None:
+        raise ValueError(f"grown tree {tree.name!r} with cut_by_cost: a grown tree picks its nodes itself "
+                         "(its `nodes`); cut a fixed tree instead (tree=dynamic)")
+    return GrownTreeDrafter(heads, tree)
+
+
 @register_drafter("heads")
-def build(spec: dict, heads=None, **_) -> TreeDrafter:
-    """spec: tree (TreeSpec or TreeBuffers), step_cost (optional), want_probs (optional); heads: DraftHeads."""
+def build(spec: dict, heads=None, **_) -> TreeDrafter | GrownTreeDrafter:
+    """spec: tree (TreeSpec, TreeBuffers or GrownTree), step_cost (optional), want_probs (optional); heads: DraftHeads."""
     if heads is None or spec.get("tree") is None:
         raise ValueError("a heads drafter needs heads=... and a tree in its spec")
-    return TreeDrafter(heads, spec["tree"], spec.get("step_cost"), bool(spec.get("want_probs", False)))
+    return tree_drafter(heads, spec["tree"], spec.get("step_cost"), bool(spec.get("want_probs", False)))

@@ -1,0 +1,148 @@
+"""A tree grown anew at every step from the draft's own probabilities (EAGLE-2's dynamic tree), over any method's
+proposer (proposer.py), through begin / scores / end and select_children only.
+
+    drafter = make_drafter({"kind": "heads", "tree": GrownTree("eagle2", depth=5, top_k=10, nodes=59)}, heads=heads)
+
+A node's score is its cumulative log-probability: the sum of the draft's log-softmax along the path root .. node
+(Medusa: of each depth's head; Hydra, Hydra++: of each head given the path; EAGLE, EAGLE-3, the draft model: of
+the draft conditioned on the path). Each step:
+  1. the root's top_k children are drafted (one scores call);
+  2. `depth` times: of the nodes of the deepest level, the top_k by score form the frontier, and one scores call
+     over the whole frontier gives each of them its top_k children;
+  3. every drafted node is ranked by score and the best `nodes` are kept. A child's score is at most its
+     parent's, and ties rank the earlier-drafted node first, so the kept set holds every kept node's ancestors:
+     it is a tree, verified as any other (its TreeBuffers are built from the kept nodes' rank paths).
+Levels drafted: depth + 1, no more than the proposer can (draft heads: their number; max_depth near the limits).
+Children are top-k picks, so every child is a point mass for the acceptance rules: greedy and typical acceptance
+and sampling acceptance with draft="topk" stay exact. draft="sample" is refused: step 3 drops draws, and the
+sampling rule is exact only over all the children drawn below a node.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.drafters.base import Draft, DraftContext
+from models.engine.drafters.proposer import (Frontier, Proposer, proposer_device, proposer_for, select_children,
+                                             to_token_ids)
+from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
+
+__all__ = ["GrownTreeDrafter", "Grown", "grow"]
+
+
+class Grown:
+    """Everything one step drafted, in drafting order (node 0 the root; a parent before its children): M nodes."""
+
+    def __init__(self, capacity: int, levels: int, root: int, device: torch.device):
+        self.n = 1
+        self.tokens = torch.empty(capacity, dtype=torch.long, device=device)
+        self.tokens[0] = root
+        self.parent = torch.full((capacity,), -1, dtype=torch.long)
+        self.rank = torch.zeros(capacity, dtype=torch.long)        # column of the node among its parent's top_k
+        self.score = torch.zeros(capacity)                         # cumulative log-probability, root 0
+        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
+        self.ancestors[0, 0] = True
+        self.path = torch.zeros(capacity, levels + 1, dtype=torch.long)   # node indices root .. node, 0-padded
+
+    def frontier(self, d: int, nodes: torch.Tensor) -> Frontier:
+        n = self.n
+        return Frontier(d, nodes, self.parent[nodes], self.tokens[self.path[nodes, :d + 1]],
+                        self.ancestors[nodes, :n], self.tokens[:n])
+
+    def add_children(self, d: int, nodes: torch.Tensor, picks: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """picks, logp [R, k]: the children of frontier `nodes` [R] at depth d + 1 -> their node indices [R * k]."""
+        R, k = picks.shape
+        new = torch.arange(self.n, self.n + R * k)
+        par = nodes.repeat_interleave(k)
+        self.tokens[new] = picks.reshape(-1).to(self.tokens.device)
+        self.parent[new], self.rank[new] = par, torch.arange(k).repeat(R)
+        # log-softmax of a top value is <= 0 up to rounding: clamped, so a child never outscores its parent
+        self.score[new] = self.score[par] + logp.reshape(-1).float().cpu().clamp(max=0.0)
+        self.ancestors[new] = self.ancestors[par]
+        self.ancestors[new, new] = True
+        self.path[new] = self.path[par]
+        self.path[new, d + 1] = new
+        self.n += R * k
+        return new
+
+    def best(self, nodes: int) -> torch.Tensor:
+        """The root and the `nodes` best-scoring drafts, in drafting order (every kept node's parent kept)."""
+        order = torch.sort(self.score[:self.n], descending=True, stable=True).indices   # ties: earlier first
+        keep = order[:nodes + 1].sort().values
+        kept = torch.zeros(self.n, dtype=torch.bool)
+        kept[keep] = True
+        if not kept[self.parent[keep[1:]]].all():
+            raise RuntimeError("the grown tree's best nodes miss an ancestor: a child outscored its parent")
+        return keep
+
+
+def grow(proposer: Proposer, root: int, tree: GrownTree, levels: int, sampling, generator=None) -> Grown:
+    """Draft the candidates of one step (steps 1 and 2 of the module docstring), `levels` levels deep."""
+    k = tree.top_k
+    grown = Grown(1 + k + max(levels - 1, 0) * k * k, levels, root, proposer_device(proposer))
+    frontier = torch.zeros(1, dtype=torch.long)
+    proposer.begin(root, levels)
+    try:
+        for d in range(levels):
+            logits = proposer.scores(grown.frontier(d, frontier))                      # [R or 1, Vd]
+            kids = select_children(logits, k, sampling, generator, want_logp=True)
+            R = frontier.numel()
+            picks, logp = kids.picks.expand(R, -1), kids.logp.expand(R, -1)            # Medusa: one row for all
+            new = grown.add_children(d, frontier, to_token_ids(proposer, picks), logp)
+            frontier = new[torch.sort(grown.score[new], descending=True, stable=True).indices[:k]]
+    finally:
+        proposer.end()
+    return grown
+
+
+class GrownTreeDrafter:
+    """The proposer's tree grown per step (module docstring). proposer: given instead of heads (a bare module's)."""
+
+    def __init__(self, heads, tree: GrownTree, proposer: Proposer | None = None):
+        self.tree = tree
+        self.proposer = proposer or proposer_for(heads)
+        vocab = self.proposer.vocab_size if self.proposer.draft_ids is None else len(self.proposer.draft_ids)
+        if tree.top_k > vocab:
+            raise ValueError(f"grown tree {tree.name!r}: top_k={tree.top_k} is larger than the draft vocabulary "
+                             f"({vocab} tokens); use top_k <= {vocab}")
+        self.max_levels = getattr(self.proposer, "max_depth", None)    # draft heads: their number; None: any
+        self.taps = tuple(self.proposer.taps)
+        self.sampling, self.generator = None, None
+
+    def start(self, ctx: DraftContext) -> None:
+        if ctx.sampling.samples_drafts:
+            raise ValueError(f"grown tree {self.tree.name!r} with draft='sample': the tree keeps only the best-scoring "
+                             "of the children drawn below a node, and lossless sampling needs every draw; use "
+                             "draft='topk' (exact: each child a point mass), greedy or typical acceptance, or a "
+                             "fixed tree")
+        self.proposer.start(ctx)
+        self.sampling, self.generator = ctx.sampling, ctx.generator
+
+    def levels(self, max_depth: int) -> int:
+        cap = self.tree.levels if self.max_levels is None else min(self.tree.levels, self.max_levels)
+        return max(0, min(cap, max_depth))
+
+    def draft(self, root: int, max_depth: int) -> Draft:
+        levels = self.levels(max_depth)
+        if levels == 0:
+            buf = TreeBuffers.build(TreeSpec(self.tree.name, (), self.tree.top_k))
+            return Draft(buf, torch.tensor([root], device=proposer_device(self.proposer)), None, torch.ones(1))
+        grown = grow(self.proposer, root, self.tree, levels, self.sampling, self.generator)
+        return as_draft(grown, grown.best(self.tree.nodes), self.tree)
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        self.proposer.advance(hidden, tokens, position)
+
+    def rewind(self, position: int) -> None:
+        self.proposer.rewind(position)
+
+
+def as_draft(grown: Grown, keep: torch.Tensor, tree: GrownTree) -> Draft:
+    """The kept nodes as a Draft: their rank paths make the TreeSpec, tokens and probabilities follow its node
+    order (TreeBuffers: by depth, then path)."""
+    keep_list, ranks, path = keep.tolist(), grown.rank.tolist(), grown.path[keep].tolist()
+    depth = grown.ancestors[keep, :grown.n].sum(-1).sub(1).tolist()
+    paths = [tuple(ranks[j] for j in row[1:dk + 1]) for row, dk in zip(path, depth)]      # root: ()
+    order = sorted(range(len(keep_list)), key=lambda i: (len(paths[i]), paths[i]))
+    buf = TreeBuffers.build(TreeSpec(tree.name, tuple(paths[i] for i in order[1:]), tree.top_k))
+    nodes = keep[torch.tensor(order)]
+    return Draft(buf, grown.tokens[nodes.to(grown.tokens.device)], None, grown.score[nodes].exp())
