@@ -34,22 +34,22 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python -m pipelines.bench_verify
+	$(BIN)/python -m pipelines.bench.verify
 
 # step costs on the device at hand (a GPU: the 7B and SmolLM2 shapes, random weights) before and after the host
 # settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5"
 bench-gpu: $(STAMP)
-	$(BIN)/python -m pipelines.bench_gpu $(OVERRIDES)
+	$(BIN)/python -m pipelines.bench.gpu $(OVERRIDES)
 
 # decoding speed with other processes on the same cores, per OpenMP setting; OVERRIDES e.g.
 # OVERRIDES="+bench.policies=[default,passive,spin10000,passive@1]"
 bench-load: $(STAMP)
-	$(BIN)/python -m pipelines.bench_load $(OVERRIDES)
+	$(BIN)/python -m pipelines.bench.load $(OVERRIDES)
 
 # per-step cut replay of trained heads on MT-Bench (after `make repro`); HEADS: which heads folders
 HEADS ?= medusa1 hydra hydra_pp
 bench-cut: $(STAMP)
-	for h in $(HEADS); do $(BIN)/python -m pipelines.bench_cut heads=$$h $(OVERRIDES) || exit 1; done
+	for h in $(HEADS); do $(BIN)/python -m pipelines.bench.cut heads=$$h $(OVERRIDES) || exit 1; done
 
 # our decoder step by step against the authors' Medusa code, in its own .venv-conformance (docs/conformance.md)
 conformance: $(STAMP)
@@ -67,12 +67,12 @@ interop: $(STAMP)
 # what Medusa-2's joint stage does to head 0 against its joint positions (after `dvc repro train@medusa2`);
 # OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"
 bench-joint: $(STAMP)
-	$(BIN)/python -m pipelines.bench_joint heads=medusa2 $(OVERRIDES)
+	$(BIN)/python -m pipelines.bench.joint heads=medusa2 $(OVERRIDES)
 
 # draft quality against training data: families retrained on the first N conversations into a probe folder
 # (after `make repro`); OVERRIDES e.g. "+scaling.heads=[hydra_pp,eagle3] +scaling.samples=[312,624]"
 bench-scaling: $(STAMP)
-	$(BIN)/python -m pipelines.bench_scaling +scaling.run=true $(OVERRIDES)
+	$(BIN)/python -m pipelines.bench.scaling +scaling.run=true $(OVERRIDES)
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port 5000

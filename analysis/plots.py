@@ -6,7 +6,7 @@
     plot_accept_histogram(summary, "reports/accept_length_histogram.png")
     plot_speedup_vs_tree_size(summary, "reports/speedup_vs_tree_size.png")
     plot_calibration(rows, "reports/calibration.png")     # rows from analysis.calibration_tables.calibration_rows
-    plot_data_scaling(record, "reports/bench/data_scaling.png")   # record from pipelines.bench_scaling
+    plot_data_scaling(record, "reports/bench/data_scaling.png")   # record from pipelines.bench.scaling
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def plot_comparisons(rows: list[dict], path, title: str = "") -> Path:
 
 
 def plot_data_scaling(record: dict, path, budgets: tuple[str, ...] = ("4", "16")) -> Path:
-    """pipelines.bench_scaling's record: replayed accepted length against train targets (log2), one line per
+    """pipelines.bench.scaling's record: replayed accepted length against train targets (log2), one line per
     family and budget (left), and each ratio to the first family (right)."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
     for heads, fam in record["families"].items():

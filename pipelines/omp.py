@@ -6,7 +6,7 @@ loaded (at `import torch`). Left alone, a libgomp thread with nothing to do spin
 with other processes the spinning threads take the time the decoding thread needs, at every one of the hundreds
 of parallel regions of a step (more in a tree step than in a 1-token one). So evaluate, generate, calibrate and
 the benchmarks import this module first (`from pipelines import omp` above `import torch`); the training and data
-stages keep libgomp's defaults. `python -m pipelines.bench_load` measures the policies side by side.
+stages keep libgomp's defaults. `python -m pipelines.bench.load` measures the policies side by side.
 
 A variable already in the environment wins (`OMP_WAIT_POLICY=ACTIVE python -m pipelines.evaluate ...`), and
 PIPELINES_OMP=off leaves libgomp's defaults. Importing this after torch changes nothing for the running process
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-# Sleep at once (libgomp's spin count 0). pipelines.bench_load, SmolLM2, 520-token prompt, 64 new tokens, random
+# Sleep at once (libgomp's spin count 0). pipelines.bench.load, SmolLM2, 520-token prompt, 64 new tokens, random
 # heads, 2-core AMD EPYC already running a 2-thread distill job, 2026-11-25; ms per step, libgomp's default ->
 # PASSIVE: baseline 430 -> 136, hydra_pp/optimal_pld 1079 -> 260, medusa1/sparse64 3467 -> 508; with two more
 # stock torch processes (2 + 1 threads) beside it 3421 -> 421, 5068 -> 1025, 8648 -> 1625. GOMP_SPINCOUNT=10000

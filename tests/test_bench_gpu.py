@@ -1,4 +1,4 @@
-"""`make bench-gpu` (pipelines/bench_gpu.py) on the CPU with the tiny shape: the file it writes has the device,
+"""`make bench-gpu` (pipelines/bench/gpu.py) on the CPU with the tiny shape: the file it writes has the device,
 versions, date and commit, and every figure for both host settings. No timing is asserted."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 
 def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path):
-    from pipelines.bench_gpu import run_bench
+    from pipelines.bench.gpu import run_bench
 
     cfg = compose_cfg("+bench_gpu.sizes=[1,4,16]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=6",
                       "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu")
@@ -39,7 +39,7 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
                                             ("+bench_gpu.sizes=[4,8]", "must include 1"),
                                             ("+bench_gpu.repeat=3", "bench_gpu.repeat ")])
 def test_bench_gpu_refuses_unknown_settings(compose_cfg, override, match):
-    from pipelines.bench_gpu import settings_of
+    from pipelines.bench.gpu import settings_of
 
     with pytest.raises(ValueError, match=match):
         settings_of(compose_cfg(override))

@@ -1,4 +1,4 @@
-"""pytest tests/test_bench_load.py: the load benchmark's settings and arithmetic (pipelines/bench_load.py) and the
+"""pytest tests/test_bench_load.py: the load benchmark's settings and arithmetic (pipelines/bench/load.py) and the
 OpenMP policy the decoding commands start with (pipelines/omp.py). No timings are asserted."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from pipelines import omp
 from pipelines.common import REPO_ROOT
-from pipelines.bench_load import competing, parse_setting, run_in_process, setting_environ, slowdown, summarize
+from pipelines.bench.load import competing, parse_setting, run_in_process, setting_environ, slowdown, summarize
 
 
 def run(tps: float, ms: float, cut: bool = False) -> dict:
@@ -47,7 +47,7 @@ def test_decoding_commands_start_with_the_policy_unless_the_environment_says_oth
     for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):                  # the user's own setting wins
         assert omp.omp_defaults({var: "1"}) == {}
     # the decoding commands import it before torch; the training and data stages do not import it at all
-    for name in ("evaluate", "generate", "calibrate", "bench_verify", "bench_cut", "bench_load"):
+    for name in ("evaluate", "generate", "calibrate", "bench/verify", "bench/cut", "bench/load", "bench/gpu"):
         text = (REPO_ROOT / "pipelines" / f"{name}.py").read_text()
         assert "from pipelines import omp" in text and text.index("from pipelines import omp") < text.index("import torch") \
             if "import torch" in text else "from pipelines import omp" in text, name

@@ -1,4 +1,4 @@
-"""pipelines.bench_scaling's collection: points per family and data size, ratios and slopes per doubling."""
+"""pipelines.bench.scaling's collection: points per family and data size, ratios and slopes per doubling."""
 import json
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from analysis.plots import plot_data_scaling
-from pipelines import bench_scaling as B
+from pipelines.bench import scaling as B
 
 
 def write(path, obj):

@@ -1,4 +1,4 @@
-"""pytest tests/test_cut_replay.py: the per-step cut replay (models/measure/cut_replay.py, pipelines/bench_cut.py).
+"""pytest tests/test_cut_replay.py: the per-step cut replay (models/measure/cut_replay.py, pipelines/bench/cut.py).
 
 What acceptance a node gets from the step's accepted tokens; every policy's figures on hand-counted steps,
 with leave-one-group-out fits; the recorder on a real (tiny) decode with oracle heads, whose accepted nodes are

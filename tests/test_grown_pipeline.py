@@ -143,7 +143,7 @@ def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
 
 
 def test_bench_load_times_a_stand_in_grown_tree_before_calibrate(compose_cfg):
-    from pipelines.bench_load import stand_in_tree
+    from pipelines.bench.load import stand_in_tree
     from pipelines.methods import resolve_tree, tree_config
 
     cfg = compose_cfg()

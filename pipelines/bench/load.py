@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_load   (make bench-load)   [+bench.policies=[default,passive,spin10000@1] +bench.repeats=3]
+"""python -m pipelines.bench.load   (make bench-load)   [+bench.policies=[default,passive,spin10000@1] +bench.repeats=3]
 
 A benchmark, not a test: how much slower decoding gets when other processes share the cores, per OpenMP setting.
 For each setting of `policies`, a fresh process (libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT when torch is
@@ -22,7 +22,7 @@ Defaults (DEFAULTS): the baseline, hydra_pp/optimal_pld and medusa1/sparse64; li
 competitors of 2 and 1 threads; 2 repeats of 64 new tokens, cut at 30 s.
 
 tokens/s and ms per step are the decode's, after the prefill (median over repeats); slowdown = quiet tokens/s /
-loaded tokens/s. Prints one table and writes results/bench/bench_load.json (settings, each setting's OpenMP
+loaded tokens/s. Prints one table and writes reports/bench/bench_load.json (settings, each setting's OpenMP
 environment, threads, cpu count, load averages, every run).
 """
 from __future__ import annotations
@@ -294,10 +294,10 @@ def child_overrides() -> list[str]:
 
 
 def run_in_process(setting: dict, overrides: list[str]) -> dict:
-    """run_setting in a fresh `python -m pipelines.bench_load` with the setting's environment."""
+    """run_setting in a fresh `python -m pipelines.bench.load` with the setting's environment."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "setting.json"
-        cmd = [sys.executable, "-m", "pipelines.bench_load", *overrides, f"+bench.child={setting['name']}",
+        cmd = [sys.executable, "-m", "pipelines.bench.load", *overrides, f"+bench.child={setting['name']}",
                f"+bench.child_out={out}"]
         code = subprocess.run(cmd, env=setting_environ(setting, os.environ), cwd=REPO_ROOT).returncode
         if code:
@@ -351,7 +351,7 @@ def main(cfg: DictConfig) -> None:
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
               "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
               "host": host_metrics("cpu")}         # CPU processes: the GPU host settings do not apply
-    path = write_json(f"{cfg.paths.results}/bench/bench_load.json", record)
+    path = write_json(f"{cfg.paths.reports}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
 
 

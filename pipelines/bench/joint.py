@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_joint [+joint.limit=192] [+joint.every=20] [+joint.mode=recipe|heads_only|lora_only]
+"""python -m pipelines.bench.joint [+joint.limit=192] [+joint.every=20] [+joint.mode=recipe|heads_only|lora_only]
                                  [+joint.batches=conversations|positions]
 
 A benchmark, not a stage: what Medusa-2's joint stage does to head 0, against the joint positions it has seen,
@@ -13,7 +13,7 @@ rates and schedule (heads config medusa2 and the profile's overrides):
   batches          conversations: whole conversations, as the joint stage reads them; positions: random
                    positions over the same conversations, as the heads-only stage reads them (heads_only only)
 
-Prints one line per validation and writes results/bench/joint_<mode>_<limit>.json.
+Prints one line per validation and writes reports/bench/joint_<mode>_<limit>.json.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def main(cfg: DictConfig) -> None:
     trainer.fit(module, train, loader("val"))
     record = {"settings": s, "recipe": dataclasses.asdict(recipe), "steps": trainer.global_step,
               "start_val_top1_head0": round(float(start), 4), "curve": curve.points, "fit_s": round(time.time() - t0)}
-    path = write_json(Path(cfg.paths.results) / "bench" / f"joint_{s['mode']}_{s['limit']}.json", record)
+    path = write_json(Path(cfg.paths.reports) / "bench" / f"joint_{s['mode']}_{s['limit']}.json", record)
     print(f"head-0 val top-1 from {record['start_val_top1_head0']}: "
           + ", ".join(f"{p['val_top1_head0']} at {p['positions']} positions" for p in curve.points) + f"\nwrote {path}")
 

@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_verify        (make bench)    [+bench.repeats=9 +bench.threads=2 model=...]
+"""python -m pipelines.bench.verify        (make bench)    [+bench.repeats=9 +bench.threads=2 model=...]
 
 A benchmark, not a test: on this machine, for the configured base model (SmolLM2 by default),
   1) the verify step with n tree tokens (n = 1, 4, 8, 16, 32, 64) relative to a 1-token step
@@ -12,7 +12,7 @@ A benchmark, not a test: on this machine, for the configured base model (SmolLM2
      fixed sparse64 tree and the trees grown per step (eagle2: the authors' 59 nodes, eagle2_cpu: 12; draft
      heads stop at their number of levels) with freshly initialised heads on the profile's draft vocabulary (their quality does not
      matter for timing; the draft model starts as copies of base layers, EAGLE's layer as random weights).
-Prints both tables and writes results/bench/bench_verify.json.
+Prints both tables and writes reports/bench/bench_verify.json.
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def main(cfg: DictConfig) -> None:
               "verify_profile_stock": stock, "prepared": prepared,
               "overhead": rows, "median_overhead_share": statistics.median(
                   r["overhead_share"] for r in rows if "overhead_share" in r)}
-    path = write_json(f"{cfg.paths.results}/bench/bench_verify.json", record)
+    path = write_json(f"{cfg.paths.reports}/bench/bench_verify.json", record)
     print(f"\nwrote {path}")
 
 

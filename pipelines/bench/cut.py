@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_cut heads=hydra [+cut.tree=dynamic]        (make bench-cut HEADS="hydra hydra_pp")
+"""python -m pipelines.bench.cut heads=hydra [+cut.tree=dynamic]        (make bench-cut HEADS="hydra hydra_pp")
 
 A benchmark, not a stage: how much could cutting the draft tree per step gain on MT-Bench, for trained heads?
 Decodes the evaluation's questions (profile.eval: first turns, max_new_tokens) greedily with the heads on the

@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_gpu        (make bench-gpu)    [+bench_gpu.shapes=[tiny] +bench_gpu.repeats=5 ...]
+"""python -m pipelines.bench.gpu        (make bench-gpu)    [+bench_gpu.shapes=[tiny] +bench_gpu.repeats=5 ...]
 
 A benchmark, not a test: what a decode step costs on the device at hand (a GPU where there is one), on models
 built from configs with random weights at the papers' shapes (timing does not depend on the weights):

@@ -1,4 +1,4 @@
-"""python -m pipelines.bench_scaling [+scaling.heads=[hydra_pp,eagle3]] [+scaling.samples=[312,624]]
+"""python -m pipelines.bench.scaling [+scaling.heads=[hydra_pp,eagle3]] [+scaling.samples=[312,624]]
                                    [+scaling.root=/tmp/scaling] [+scaling.run=true]
 
 A benchmark, not a stage: how each family's draft quality grows with its training data. Each family of
@@ -129,7 +129,7 @@ def collect(cfg: DictConfig, s: dict) -> dict:
                     "val top-1 by depth, each family trained on the first N train conversations and on all of them",
             "caveat": "the train set lists self-distilled conversations first and relabelled ShareGPT ones last: "
                       "subsets of the first N hold only self-distilled rows",
-            "command": "python -m pipelines.bench_scaling +scaling.run=true " + " ".join(
+            "command": "python -m pipelines.bench.scaling +scaling.run=true " + " ".join(
                 f"+scaling.{k}={json.dumps(v).replace(' ', '')}" for k, v in s.items() if k != "run"),
             "families": summary, "ratios": ratios}
 
