@@ -1,6 +1,9 @@
-"""What this machine's CPU can do, asked once by training (which precision) and decoding (which weight dtype)."""
+"""This machine: what its CPU can do (training's precision, decoding's weight dtype), the host settings decoding
+on a GPU runs with, and its description for every record that times something (machine_description)."""
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 import torch
@@ -97,3 +100,34 @@ def host_record(device) -> dict:
         record["gpu"] = torch.cuda.get_device_name(torch.device(device))
         record["cudnn_version"] = torch.backends.cudnn.version()
     return record
+
+
+# -- the machine, described once for every record that times something ------------------------------------------
+
+def cpu_model() -> str:
+    """The CPU's marketing name where the OS tells it (Linux /proc/cpuinfo), else platform's guess."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description(device: str = "cpu") -> dict:
+    info = {"platform": platform.platform(), "processor": cpu_model(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": device}
+    if applied_host_settings(device):              # models.hardware, on CUDA (a CPU's description is unchanged)
+        info["host_settings"] = applied_host_settings(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def machine_label(device: str) -> str:
+    """A short name for tables: the GPU's, or "<n>-core CPU (<arch>)"."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(0)} GPU"
+    return f"{os.cpu_count()}-core CPU ({platform.machine()})"

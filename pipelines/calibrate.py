@@ -31,10 +31,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
-                                greedy_tree, machine_description, model_fingerprint,
+                                greedy_tree, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
 from models.engine.fast_inference import prepare_for_decoding
+from models.hardware import machine_description
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown

@@ -39,7 +39,7 @@ from models.heads import load_heads
 from models.heads.formats import export_heads, import_medusa
 from models.measure.conformance import (accepted_counts, compare_steps, medusa_v01_tree, record_steps,
                                         seeded_medusa_heads)
-from models.measure.calibration import cpu_model
+from models.hardware import cpu_model
 from models.measure.mtbench import chat_input_ids, load_questions
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import REPO_ROOT, write_json

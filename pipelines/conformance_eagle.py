@@ -33,7 +33,7 @@ from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding
 from models.heads import load_heads
 from models.heads.eagle_format import read_eagle, write_eagle_module
-from models.measure.calibration import cpu_model
+from models.hardware import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import REPO_ROOT, write_json

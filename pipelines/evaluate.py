@@ -59,6 +59,7 @@ from models.measure.peers import assisted_generate, prompt_lookup_generate
 from models.measure.lossless import LosslessnessError, check_lossless, failure_message
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
+from models.hardware import machine_label
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host, host_metrics
 from pipelines.deps import code_digest
@@ -135,7 +136,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "code": code_digest("pipelines.evaluate"),
                 "versions": {"python": platform.python_version(), "torch": torch.__version__,
                              "transformers": transformers.__version__},
-                "device": device, "hardware": hardware(device), "num_threads": torch.get_num_threads(),
+                "device": device, "hardware": machine_label(device), "num_threads": torch.get_num_threads(),
                 **({"host": host} if (host := host_metrics(device)["host_settings"]) else {})}   # CUDA's only
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
@@ -218,12 +219,6 @@ def _speed_postfix(records: dict, run: int) -> str:
 
 
 # -- 6) summaries and files ------------------------------------------------------------------------
-def hardware(device: str) -> str:
-    if device.startswith("cuda"):
-        return f"{torch.cuda.get_device_name(0)} GPU"
-    return f"{os.cpu_count()}-core CPU ({platform.machine()})"
-
-
 def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], records: dict, answers: dict,
                   lossless: dict, model_name: str, device: str) -> dict:
     out = Path(cfg.paths.results) / "eval" / sel.tag
@@ -234,7 +229,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
                 "num_threads": torch.get_num_threads(), "profile": cfg.profile.name, "device": device,
                 "tree_questions": tree_question_limits(cfg) if sel.mode in SWEEP_MODES else {},
                 "prompt_lookup": OmegaConf.to_container(cfg.eval.prompt_lookup, resolve=True)}
-    summary = {"tag": sel.tag, "model": model_name, "hardware": hardware(device), "profile": cfg.profile.name,
+    summary = {"tag": sel.tag, "model": model_name, "hardware": machine_label(device), "profile": cfg.profile.name,
                "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
     plds = [m.name for m in methods if m.kind in ("pld", "pld_hf")]
     for m in methods:

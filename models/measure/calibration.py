@@ -56,14 +56,11 @@ autoregressive baseline's step is the profile's 1-token forward + LM head.
 from __future__ import annotations
 
 import hashlib
-import os
-import platform
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from models.hardware import applied_host_settings
 from models.engine.taps import final_and_taps
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 
@@ -276,28 +273,6 @@ def sort_paths(paths: Sequence[Path]) -> list[list[int]]:
 
 
 # -- 4) cost model -----------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    """The CPU's marketing name where the OS tells it (Linux /proc/cpuinfo), else platform's guess."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description(device: str = "cpu") -> dict:
-    info = {"platform": platform.platform(), "processor": cpu_model(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": device}
-    if applied_host_settings(device):              # models.hardware, on CUDA (a CPU's description is unchanged)
-        info["host_settings"] = applied_host_settings(device)
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
-
 
 def predicted_tokens_per_s(accept_length: float, verify_s: float, draft_s: float) -> float:
     return accept_length / (verify_s + draft_s)

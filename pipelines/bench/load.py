@@ -30,7 +30,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
+from models.hardware import cpu_model
 from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
 from pipelines.host import host_metrics
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
@@ -343,11 +343,11 @@ def main(cfg: DictConfig) -> None:
     setups = [parse_setting(p, settings["threads"]) for p in settings["policies"]]
     overrides, load = child_overrides(), list(os.getloadavg())
     log.info("%s on %s, %d cpus, load average %.1f; settings %s", cfg.model.name,
-             platform.processor() or platform.machine(), os.cpu_count(), load[0],
+             cpu_model(), os.cpu_count(), load[0],
              [s["name"] for s in setups])
     results = [run_in_process(s, overrides) for s in setups]
     print_table(results, settings)
-    record = {"model": cfg.model.name, "machine": platform.processor() or platform.machine(),
+    record = {"model": cfg.model.name, "machine": cpu_model(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
               "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
               "host": host_metrics("cpu")}         # CPU processes: the GPU host settings do not apply

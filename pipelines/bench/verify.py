@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import os
-import platform
 import statistics
 
 import torch
@@ -31,6 +30,7 @@ from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.hardware import cpu_model
 from pipelines.common import CONF_DIR, load_model, log, stage, write_json
 from pipelines.host import apply_host
 
@@ -116,7 +116,7 @@ def main(cfg: DictConfig) -> None:
     model, _ = load_model(cfg)
     host = apply_host(cfg, str(next(model.parameters()).device))   # on a CPU: nothing changes, recorded as such
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, platform.processor() or platform.machine(),
+    log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, cpu_model(),
              torch.get_num_threads(), load)
 
     stock = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
@@ -147,7 +147,7 @@ def main(cfg: DictConfig) -> None:
         print(f"{name:>22} {r['tree']:>11} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
               f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
     record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load, "host": host,
-              "machine": platform.processor() or platform.machine(), "settings": settings, "verify_profile": prof,
+              "machine": cpu_model(), "settings": settings, "verify_profile": prof,
               "verify_profile_stock": stock, "prepared": prepared,
               "overhead": rows, "median_overhead_share": statistics.median(
                   r["overhead_share"] for r in rows if "overhead_share" in r)}
