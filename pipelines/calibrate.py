@@ -39,7 +39,7 @@ from models.hardware import machine_description
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
-from pipelines.common import REPO_ROOT, heads_options, load_model, log, mlflow_run, stage, write_json
+from pipelines.common import conf_option, heads_options, load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host, host_metrics
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
@@ -163,7 +163,7 @@ def cached_continuations(cfg: DictConfig, model, tokenizer, prompts: list[list[i
 # -- trees and costs ---------------------------------------------------------------------------
 
 def fixed_tree(cfg: DictConfig, name: str) -> TreeSpec:
-    return tree_from_config(OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "tree" / f"{name}.yaml")))
+    return tree_from_config(OmegaConf.to_container(conf_option("tree", name)))
 
 
 def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: DictConfig) -> dict:

@@ -34,20 +34,51 @@ def stage(fn):
     return hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(main)
 
 
+def conf_option(group: str, option: str) -> DictConfig:
+    """conf/<group>/<option> as Hydra composes it (the root config with `group=option`), unresolved: its
+    interpolations read the config it goes into. The one place a stage reads an option it was not composed with;
+    an unknown one names the group's options. Inside a running Hydra app, its global state is put back after."""
+    return OmegaConf.create(_composed_option(group, option))      # a fresh copy every time
+
+
+@functools.lru_cache(maxsize=None)
+def _composed_option(group: str, option: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import MissingConfigException
+
+    gh = GlobalHydra.instance()
+    running = gh.hydra if gh.is_initialized() else None
+    gh.clear()
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base=None):
+            node = compose(config_name="config", overrides=[f"{group}={option}"])[group]
+    except MissingConfigException:
+        raise ValueError(f"{group}={option!r} is not an option; available options in {group!r}: "
+                         f"{conf_options(group)}") from None
+    finally:
+        gh.clear()
+        if running is not None:
+            gh.initialize(running)
+    return OmegaConf.to_container(node, resolve=False)
+
+
+def conf_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
 def apply_selection(cfg: DictConfig) -> DictConfig:
-    """Replace each group named in cfg.select with its option file from conf/, resolved against cfg."""
+    """Replace each group named in cfg.select with its option (conf_option), resolved against cfg."""
     selection = cfg.get("select") or {}
     if not selection:
         return cfg
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         for group, option in selection.items():
-            path = Path(CONF_DIR) / str(group) / f"{option}.yaml"
-            if not path.is_file():
-                options = sorted(p.stem for p in (Path(CONF_DIR) / str(group)).glob("*.yaml"))
-                raise ValueError(f"select.{group}={option!r}: no conf/{group}/{option}.yaml; "
-                                 f"available options in {group!r}: {options}")
-            cfg[group] = OmegaConf.load(path)
+            try:
+                cfg[group] = conf_option(str(group), str(option))
+            except ValueError as err:
+                raise ValueError(f"select.{group}={option!r}: {err}") from None
         del cfg["select"]
     OmegaConf.resolve(cfg)
     return cfg
@@ -138,7 +169,7 @@ def load_model(cfg: DictConfig, device: str = "cpu"):
                            chat_template=cfg.model.chat_template, tiny=tiny)
 
 
+@functools.lru_cache(maxsize=None)
 def heads_options() -> list[str]:
     """The head configs in conf/heads/ that have heads (every one but `none`)."""
-    return sorted(p.stem for p in (Path(CONF_DIR) / "heads").glob("*.yaml")
-                  if OmegaConf.load(p).get("family") != "none")
+    return [name for name in conf_options("heads") if conf_option("heads", name).get("family") != "none"]

@@ -24,10 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads import HeadsConfig, build_heads
 from models.engine.drafters import make_drafter
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
-from pipelines.methods import pld_settings, resolve_tree
+from pipelines.methods import pld_settings, random_heads, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host
 
@@ -39,9 +38,7 @@ def load_draft_heads(cfg: DictConfig, model):
     if cfg.heads.family == "none":
         return model, None
     if cfg.random_heads:
-        config = HeadsConfig.for_base(model, cfg.heads.family, int(cfg.heads.num_heads), int(cfg.heads.num_layers),
-                                      share_lm_head=bool(cfg.heads.get("share_lm_head", False)))
-        return model, build_heads(config, model).eval()
+        return model, random_heads(cfg, model, cfg.heads)
     folder = Path(cfg.heads_dir or Path(cfg.paths.results) / "heads" / cfg.heads.name)
     if not folder.is_dir():
         raise FileNotFoundError(f"no trained heads in {folder}: train them with `python -m pipelines.train "

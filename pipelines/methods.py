@@ -14,16 +14,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.drafters import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
-from models.heads import ADAPTER_DIR, load_heads
+from models.heads import ADAPTER_DIR, HeadsConfig, build_heads, load_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
-from pipelines.common import REPO_ROOT, log
+from pipelines.common import conf_option, log
 
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
 
@@ -90,11 +91,11 @@ def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict
     """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
     if tree_name is None:
         return OmegaConf.to_container(cfg.tree, resolve=True)
-    path = REPO_ROOT / "conf" / "tree" / f"{tree_name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ValueError(f"profile.eval.trees names {tree_name!r} but there is no conf/tree/{tree_name}.yaml; known: {known}")
-    node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": OmegaConf.load(path)})
+    try:
+        tree = conf_option("tree", tree_name)
+    except ValueError as err:
+        raise ValueError(f"profile.eval.trees names {tree_name!r}: {err}") from None
+    node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": tree})
     return OmegaConf.to_container(node, resolve=True)["tree"]
 
 
@@ -202,3 +203,17 @@ def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[
         if m.tree_name in limits and limits[m.tree_name] is not None:
             subsets[m.name] = {q.question_id for q in spread(questions, int(limits[m.tree_name]))}
     return subsets
+
+
+def random_heads(cfg: DictConfig, model, heads_cfg: DictConfig, seed: int = 0):
+    """Fresh, untrained heads of `heads_cfg` (a conf/heads option) for `model`, to time or try the decoder (their
+    acceptance means nothing): the profile's LM-head sharing and draft vocabulary, its lowest ids (the full
+    vocabulary where the profile's is not smaller than the model's, as on a tiny model)."""
+    vocab = OmegaConf.select(cfg, "profile.train.draft_vocab_size", default=None)
+    vocab = None if vocab is None or int(vocab) >= model.config.vocab_size else int(vocab)
+    share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
+    config = HeadsConfig.for_base(model, str(heads_cfg.family), int(heads_cfg.num_heads), int(heads_cfg.num_layers),
+                                  share_lm_head=share, draft_vocab_size=vocab)
+    torch.manual_seed(seed)
+    heads = build_heads(config, model, None if vocab is None else torch.arange(vocab))
+    return heads.to(next(model.parameters()).device).eval()

@@ -39,7 +39,7 @@ from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
-from pipelines.common import CONF_DIR, git_commit, log, stage, write_json
+from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.host import apply_host
 
 # The papers' shapes, as configs (no weights, no download). Vicuna-7B is Llama-7B's shape.
@@ -122,7 +122,7 @@ def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str,
     for name in cfg.pipeline_heads:
         node = copy.deepcopy(cfg)
         with open_dict(node):
-            node.heads = OmegaConf.load(f"{CONF_DIR}/heads/{name}.yaml")     # resolved against the whole config
+            node.heads = conf_option("heads", name)                          # resolved against the whole config
         h = OmegaConf.to_container(node.heads, resolve=True)
         if h["family"] in seen or (families and h["family"] not in families and name not in families):
             continue
@@ -133,7 +133,7 @@ def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str,
 
 def drafting_costs(cfg, model, prompt, s: dict) -> dict:
     """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads."""
-    trees = {t: tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{t}.yaml")) for t in s["trees"]}
+    trees = {t: tree_from_config(conf_option("tree", t)) for t in s["trees"]}
     out = {}
     for name, h in family_heads(cfg, s["families"]):
         torch.manual_seed(0)

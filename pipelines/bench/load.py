@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from models.hardware import cpu_model
-from pipelines.common import CONF_DIR, REPO_ROOT, load_model, log, stage, write_json
+from pipelines.common import conf_option, REPO_ROOT, load_model, log, stage, write_json
 from pipelines.host import host_metrics
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 
@@ -153,12 +153,12 @@ def stand_in_tree(tree_cfg: dict) -> dict:
     out = dict(tree_cfg)
     if out.get("kind") == "file" and not Path(str(out["file"])).is_file() and out.get("stand_in"):
         log.warning("no calibrated tree %s yet: timing tree=%s in its place", out["file"], out["stand_in"])
-        return {**OmegaConf.to_container(OmegaConf.load(f"{CONF_DIR}/tree/{out['stand_in']}.yaml")),
+        return {**OmegaConf.to_container(conf_option("tree", out["stand_in"])),
                 "lookup": out.get("lookup", False)}
     if out.get("kind") == "file" and not Path(str(out["file"])).is_file():
         log.warning("no calibrated tree %s yet: timing sparse64's first %d nodes in its place", out["file"],
                     FALLBACK_NODES)
-        sparse = OmegaConf.to_container(OmegaConf.load(f"{CONF_DIR}/tree/sparse64.yaml"))
+        sparse = OmegaConf.to_container(conf_option("tree", "sparse64"))
         out.update(kind="paths", paths=sparse["paths"][:FALLBACK_NODES])
     if out.get("cut_by_cost") and not Path(str(out["cut_by_cost"])).is_file():
         log.warning("no latency profile %s yet: the tree is not cut per step", out["cut_by_cost"])
@@ -168,12 +168,9 @@ def stand_in_tree(tree_cfg: dict) -> dict:
 
 def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     """{"name", "model", "make_drafter", "random_heads", "tree_nodes"} per spec, models prepared for decoding."""
-    import torch
-
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-    from models.heads import HeadsConfig, build_heads
     from models.engine.drafters import make_drafter
-    from pipelines.methods import pld_settings, resolve_tree, tree_config
+    from pipelines.methods import pld_settings, random_heads, resolve_tree, tree_config
 
     prepare_for_decoding(model)
     methods = []
@@ -188,18 +185,13 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
         base = model
         if folder.is_dir():
             base, heads, _ = load_for_decoding(folder, model, keep_base=True)   # a merged LoRA: on a copy
-            random_heads = False
+            untrained = False
         else:
-            h = OmegaConf.load(f"{CONF_DIR}/heads/{name}.yaml")
-            vocab = OmegaConf.select(cfg, "profile.train.draft_vocab_size", default=None)
-            vocab = None if vocab is None or int(vocab) >= model.config.vocab_size else int(vocab)   # tiny models
-            share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
-            config = HeadsConfig.for_base(model, str(h.family), int(h.num_heads), int(h.num_layers),
-                                          share_lm_head=share, draft_vocab_size=vocab)
-            heads = build_heads(config, model, None if vocab is None else torch.arange(vocab)).eval()
+            h = conf_option("heads", name)
+            heads = random_heads(cfg, model, h)
             log.warning("no trained heads in %s: timing random %s heads (their acceptance differs from trained ones; "
                         "compare the ms per step)", folder, h.family)
-            random_heads = True
+            untrained = True
             prepare_heads_for_decoding(heads)
         tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, tree_name, name)), tree_name)
         tree.check_heads(heads.config.num_heads)
@@ -208,7 +200,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
             spec = {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)}
         methods.append({"name": f"{name}/{tree_name}", "model": base,
                         "make_drafter": lambda spec=spec, heads=heads: make_drafter(spec, heads=heads),
-                        "random_heads": random_heads, "tree_nodes": tree.num_nodes})
+                        "random_heads": untrained, "tree_nodes": tree.num_nodes})
     return methods
 
 

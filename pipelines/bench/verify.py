@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from models.hardware import cpu_model
-from pipelines.common import CONF_DIR, load_model, log, stage, write_json
+from pipelines.methods import random_heads
+from pipelines.common import conf_option, load_model, log, stage, write_json
 from pipelines.host import apply_host
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
@@ -41,30 +41,25 @@ DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "
 def bench_trees(settings) -> dict:
     """{name: tree} of the trees timed: the fixed ones and the grown ones (EAGLE-2's, and it sized for a CPU)."""
     names = [settings["tree"]] if settings["tree"] else list(settings["trees"])
-    return {name: tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/{name}.yaml")) for name in names}
+    return {name: tree_from_config(conf_option("tree", name)) for name in names}
 
 
 def overhead_per_family(cfg, model, settings) -> list[dict]:
     trees = bench_trees(settings)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(model.config.vocab_size, (settings["prefix_len"],), generator=g).tolist()
-    share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
     rows = []
     base = generate(model, None, prompt, max_new_tokens=settings["new_tokens"], stop_token_ids=[])
     rows.append({"family": "baseline", "tokens_per_second": base.tokens_per_second,
                  "verify_ms": 1e3 * base.timings["verify"] / base.steps})
-    vocab = OmegaConf.select(cfg, "profile.train.draft_vocab_size", default=None)
-    draft_ids = None if vocab is None else torch.arange(int(vocab))     # random heads: which ids does not matter
     seen = set()
     for conf_name in cfg.pipeline_heads:                                # one row per family: its first head config
-        h = OmegaConf.load(f"{CONF_DIR}/heads/{conf_name}.yaml")
+        h = conf_option("heads", conf_name)
         family, layers = str(h.family), int(h.num_layers)
         if family in seen:
             continue
         seen.add(family)
-        config = HeadsConfig.for_base(model, family, int(h.num_heads), layers, share_lm_head=share,
-                                      draft_vocab_size=None if draft_ids is None else len(draft_ids))
-        heads = build_heads(config, model, draft_ids).eval()
+        heads = random_heads(cfg, model, h)                             # the profile's draft vocabulary and sharing
         prepare_heads_for_decoding(heads)                               # as the decoders run them
         for tree_name, tree in trees.items():
             row = time_drafter(model, prompt, make_drafter({"kind": "heads", "tree": tree}, heads=heads), settings)
