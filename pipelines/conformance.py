@@ -35,13 +35,12 @@ from models.engine.decoding import generate
 from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import tree_from_config
-from models.heads import load_heads
 from models.heads.formats import export_heads, import_medusa
 from models.measure.conformance import (accepted_counts, compare_steps, medusa_v01_tree, record_steps,
                                         seeded_medusa_heads)
 from models.hardware import cpu_model
 from models.measure.mtbench import chat_input_ids, load_questions
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.common import REPO_ROOT, write_json
 
 VENV = REPO_ROOT / ".venv-conformance"
@@ -275,7 +274,7 @@ def main(argv=None) -> dict:
         write_golden(case, plist, {"seed": args.seed, "scale": args.scale, "num_heads": 4,
                                    "max_new_tokens": args.golden_tokens})
     if "trained" not in args.skip and Path(args.heads).is_dir():
-        model_t, heads = load_heads(args.heads, model)
+        model_t, heads, _ = load_for_decoding(args.heads, model, bf16_heads=False)   # float32: the authors' products
         plist = prompts(Path(args.questions_file), args.questions, tok)
         _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads, plist, args.new_tokens, args.repeats,
                                                  args)

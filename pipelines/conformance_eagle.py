@@ -31,11 +31,10 @@ import torch
 from models.base import load_base_model
 from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding
-from models.heads import load_heads
 from models.heads.eagle_format import read_eagle, write_eagle_module
 from models.hardware import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.common import REPO_ROOT, write_json
 from pipelines import conformance
 from pipelines.conformance import Official, _agrees, _paired, _tokens, baseline, official_env, prompts
@@ -148,7 +147,7 @@ def main(argv=None) -> dict:
         write_golden(case, plist, {"seed": args.seed, "scale": args.scale, "max_new_tokens": args.golden_tokens,
                                    "threads": args.threads})
     if "trained" not in args.skip and Path(args.heads).is_dir():
-        model_t, heads = load_heads(args.heads, model)
+        model_t, heads, _ = load_for_decoding(args.heads, model, bf16_heads=False)   # float32: the authors' products
         plist = prompts(Path(args.questions_file), args.questions, tok)
         _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads.family.draft_module(heads), plist,
                                                  args.new_tokens, args.repeats, args)

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -20,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.drafters import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
-from models.heads import ADAPTER_DIR, HeadsConfig, build_heads, load_heads
+from models.heads import HeadsConfig, build_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 from pipelines.common import conf_option, log
 
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
@@ -151,9 +150,8 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     methods = [Method("baseline", "baseline", model)]
     for name in sel.heads:
         folder = Path(cfg.paths.results) / "heads" / name
-        adapted = (folder / ADAPTER_DIR).is_dir()
-        # a LoRA adapter is merged into the backbone: give it its own copy and its own AR reference
-        base, heads = load_heads(folder, copy.deepcopy(model) if adapted else model)
+        # a LoRA adapter is merged into a copy of the backbone, which gets its own AR reference
+        base, heads, adapted = load_for_decoding(folder, model, keep_base=True)
         reference = f"baseline-{name}" if adapted else "baseline"
         if adapted:
             methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
@@ -168,7 +166,7 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
                                   reference, tree_option, step_cost, lookup))
         module = heads.family.draft_module(heads)
         if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
-            # a draft model: transformers' assisted generation with it, built before the layers are packed
+            # a draft model: transformers' assisted generation with it (its own layers, the base's LM head)
             twin = module.to_causal_lm(base)
             methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family=heads.config.family,
                                   reference=reference, assistant=twin))
