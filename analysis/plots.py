@@ -30,7 +30,7 @@ def _save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")   # the saved canvas grows to hold the whole titles and labels
     plt.close(fig)
     return path
 

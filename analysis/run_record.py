@@ -49,16 +49,49 @@ def training_table(metrics: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def wall_time(m: dict) -> float | None:
+    """A stage's wall time: its command's (run.wall_time_s), else the time its metrics counted themselves."""
+    return (m.get("run") or {}).get("wall_time_s") or m.get("wall_time_s")
+
+
+def stage_label(name: str) -> str:
+    for prefix, stage in (("train_", "train@"), ("calibrate_", "calibrate@"), ("evaluate_", "evaluate@")):
+        if name.startswith(prefix):
+            return stage + name[len(prefix):]
+    return name
+
+
 def stage_times_table(metrics: dict[str, dict]) -> str:
-    """The stages whose metrics record their wall time (calibrate and evaluate are in their MLflow runs)."""
-    order = ["prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS]
+    """The stages whose metrics record their wall time, in pipeline order, and their sum."""
+    order = ["prepare", "distill"] + [f"{s}_{f}" for s in ("train", "calibrate") for f in FAMILY_LABELS] + ["references"]
     names = [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
-    rows = [(n, metrics[n]["wall_time_s"]) for n in names if isinstance(metrics[n], dict) and metrics[n].get("wall_time_s")]
+    rows = [(n, wall_time(metrics[n])) for n in names if isinstance(metrics[n], dict) and wall_time(metrics[n])]
     if not rows:
         return ""
     lines = ["| stage | wall time |", "|---|---|"]
-    lines += [f"| {name.replace('train_', 'train@')} | {_minutes(t)} |" for name, t in rows]
+    lines += [f"| {stage_label(name)} | {_minutes(t)} |" for name, t in rows]
+    lines.append(f"| all of the above | {_minutes(sum(t for _, t in rows))} |")
     return "\n".join(lines) + "\n"
+
+
+def provenance_lines(metrics: dict[str, dict]) -> list[str]:
+    """Which commit, machine and dates the stage metrics were made by; more than one commit or CPU is said, stage by
+    stage, since a results document must come from one run of one commit on one machine."""
+    runs = {n: m["run"] for n, m in metrics.items() if isinstance(m, dict) and m.get("run")}
+    if not runs:
+        return ["The stage metrics record no commit or machine (they predate the run record)."]
+    by = lambda key: {str(r.get(key)): sorted(n for n, rr in runs.items() if rr.get(key) == r.get(key))  # noqa: E731
+                      for r in runs.values()}
+    commits, cpus = by("commit"), by("cpu")
+    dates = sorted(str(r.get("date")) for r in runs.values())
+    first = next(iter(runs.values()))
+    out = [f"Commit {next(iter(commits))[:12]}" if len(commits) == 1 else
+           "Commits: " + "; ".join(f"{c[:12]} ({', '.join(stage_label(n) for n in ns)})" for c, ns in commits.items()),
+           f"CPU {next(iter(cpus))}, {first.get('cpu_count')} cores, flags {' '.join(first.get('cpu_flags') or []) or '-'}"
+           if len(cpus) == 1 else "CPUs: " + "; ".join(f"{c} ({', '.join(stage_label(n) for n in ns)})"
+                                                    for c, ns in cpus.items()),
+           f"run from {dates[0]} to {dates[-1]} ({len(runs)} stages)."]
+    return ["; ".join(out)]
 
 
 def data_line(metrics: dict[str, dict]) -> str:
@@ -79,7 +112,8 @@ def run_markdown(summary: dict, metrics: dict[str, dict]) -> str:
     base = summary.get("methods", {}).get(summary.get("baseline", "baseline"), {})
     tps = (base.get("throughput") or {}).get("mean")
     out = [f"Model {summary.get('model')} on a {summary.get('hardware')}, profile `{summary.get('profile')}`"
-           + (f"; the autoregressive baseline decoded {tps:.1f} tokens/s." if tps else ".")]
+           + (f"; the autoregressive baseline decoded {tps:.1f} tokens/s." if tps else "."), "",
+           *provenance_lines(metrics), ""]
     data = data_line(metrics)
     if data:
         out.append(data)
@@ -89,5 +123,5 @@ def run_markdown(summary: dict, metrics: dict[str, dict]) -> str:
                 table]
     times = stage_times_table(metrics)
     if times:
-        out += ["Stage times (from the stages' metrics):", "", times]
+        out += ["Stage times (each stage's command, from its metrics):", "", times]
     return "\n".join(out) + "\n"

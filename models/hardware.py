@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# the instruction sets that change which kernels run (and so a step's time and, in bf16, its rounding)
+CPU_KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
@@ -131,3 +133,17 @@ def machine_label(device: str) -> str:
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(0)} GPU"
     return f"{os.cpu_count()}-core CPU ({platform.machine()})"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """Which of CPU_KERNEL_FLAGS this CPU has (Linux /proc/cpuinfo; [] where the OS does not tell)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    have = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            have.update(line.split(":", 1)[-1].split())
+    return [f for f in CPU_KERNEL_FLAGS if f in have]

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,20 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO_ROOT / "conf")
 log = logging.getLogger("pipelines")
+
+
+STAGE_START: dict = {}      # when the running stage's command started (set by @stage)
+
+
+def run_record() -> dict:
+    """What a stage's metrics say about the run that made them: the commit, the machine, the date, and the stage's
+    wall time since its command started (None when called outside a stage command)."""
+    from models.hardware import cpu_flags, cpu_model
+
+    started = STAGE_START.get("t")
+    return {"commit": git_commit(), "cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_time_s": None if started is None else round(time.time() - started, 1)}
 
 
 def stage(fn):
@@ -30,6 +45,7 @@ def stage(fn):
     @functools.wraps(fn)
     def main(cfg: DictConfig):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        STAGE_START["t"] = time.time()
         return fn(apply_selection(cfg))
     return hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(main)
 

@@ -44,7 +44,7 @@ from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenera
                                 vllm_available)
 from models.data.relabel import relabel_conversations
 from models.data.shards import ShardStore, num_shards
-from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
 SPLITS = ("train", "val")
@@ -317,7 +317,7 @@ def run_distill(cfg: DictConfig) -> dict:
     # 3) the dataset
     counts = build_dataset(cfg, self_store, relabel_store, work, relabel_work, prepared, tokenizer)
     result = {"model": cfg.model.name, **counts, **source_stats(self_store, relabel_store, self_now, relabel_now, len(relabel_work)),
-              "wall_time_s": round(time.time() - t0, 1)}
+              "wall_time_s": round(time.time() - t0, 1), "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / "distill.json", result)
     log.info("distill: %s", result)
     return result

@@ -60,7 +60,7 @@ from models.measure.lossless import LosslessnessError, check_lossless, failure_m
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
 from models.hardware import machine_label
-from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.host import apply_host, host_metrics
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
@@ -248,7 +248,8 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_metrics(device)}
+    metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_metrics(device),
+               "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from models.data.conversations import IGNORE_INDEX, Cleaned, clean_record, tokenize_conversations
 from models.data.sharegpt import ReadStats, iter_json_array
-from pipelines.common import log, mlflow_run, stage, write_json
+from pipelines.common import log, mlflow_run, run_record, stage, write_json
 
 BATCH = 256  # conversations tokenised per call (and rows per record batch of the staging file)
 FEATURES = Features({"id": Value("string"), "messages": Value("string"),
@@ -244,7 +244,7 @@ def prepare_dataset(cfg: DictConfig) -> dict:
         "tokens": {"total": tally.total_tokens, "assistant": tally.assistant_tokens,
                    "mean_per_conversation": round(tally.total_tokens / kept, 1)},
         "wall_time_s": round(time.time() - t0, 1),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(), "run": run_record(),
     }
     write_json(Path(cfg.paths.reports) / "metrics" / "prepare.json", stats)
     log.info("prepare: %d kept (train %d, val %d), %d dropped %s, %d truncated, %d tokens (%d assistant) in %.0f s, "

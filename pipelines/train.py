@@ -53,7 +53,7 @@ from models.heads.schedules import plan_stages
 from models.heads.fitting import Throughput, fit_resumable
 from models.heads.training import IGNORE_INDEX, Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
-from pipelines.common import load_model, log, mlflow_run, stage, write_json
+from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.recipes import checked_recipe, effective_epochs, profile_overrides, recipe_record, with_profile_heads
 
 RECIPE_FILE = "recipe.json"        # beside the trained heads: the recipe as resolved (pipelines/recipes.py)
@@ -271,6 +271,7 @@ def run_train(cfg: DictConfig) -> dict:
         run_log_dict(record, RECIPE_FILE)
         metrics = train_metrics(cfg, recipe, trainer, parts, data, (draft_ids, val_coverage), final, drift,
                                 {"cache_time_s": cache_s, "fit_time_s": t_fit, "wall_time_s": time.time() - t0})
+        metrics["run"] = run_record()
         path = write_json(Path(cfg.paths.reports) / "metrics" / f"train_{h.name}.json", metrics)
         log_metrics(metrics, out_dir, path)
     return metrics

@@ -206,7 +206,7 @@ def shard_work(whole_entries: dict, source: str, keys, turns: int) -> Counter:
 
 
 TIMINGS = ("generation_s", "new_tokens_per_s", "relabel_s", "tokens_per_s", "positions_per_s", "wall_time_s",
-           "shards_generated_now", "shards_relabelled_now")
+           "shards_generated_now", "shards_relabelled_now", "date")     # date: the run record's (run_record)
 
 
 def without_timings(stats: dict) -> dict:

@@ -395,7 +395,8 @@ TIMING = {"wall_time", "prefill_time", "decode_time", "speedup", "decode_speedup
           "baseline_tokens_per_s", "baseline_decode_tokens_per_s", "strongest_pld",
           # per-question figures and intervals: times, and what is computed from them (accepted length is not)
           "time", "base_time", "base_decode_time", "mean_of_ratios", "pooled", "speedup_ci", "decode_speedup_ci",
-          "speedup_mean_of_ratios", "speedup_pooled", "per_category_speedup"}
+          "speedup_mean_of_ratios", "speedup_pooled", "per_category_speedup",
+          "date", "wall_time_s"}                   # the run record (pipelines.common.run_record): when, how long
 
 
 def untimed(obj):
