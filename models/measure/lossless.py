@@ -53,15 +53,22 @@ def check_lossless(methods: list, records: dict, prompts: dict, tolerance: float
 
 def difference(ref_model, prompt: list[int], ref, rec, floor: float) -> dict | None:
     """The first difference of rec's tokens from ref's (TurnRecords of one turn), judged; None when equal."""
-    pos = first_difference(ref.tokens, rec.tokens)
+    entry = judged_difference(ref_model, prompt, ref.tokens, rec.tokens, rec.accept_lengths, floor)
+    return None if entry is None else {"question_id": rec.question_id, "turn": rec.turn, **entry}
+
+
+def judged_difference(ref_model, prompt: list[int], reference: list[int], tokens: list[int],
+                      accept_lengths: list[int], floor: float) -> dict | None:
+    """The first difference of a greedy answer `tokens` (decoded in steps of accept_lengths) from the reference
+    answer, with the tie verdict (ties.judge_difference); None when they are equal."""
+    pos = first_difference(reference, tokens)
     if pos is None:
         return None
-    got = rec.tokens[pos] if pos < len(rec.tokens) else None
-    verdict = judge_difference(ref_model, prompt, ref.tokens, pos, got, step_start_of(rec.accept_lengths, pos), floor)
+    got = tokens[pos] if pos < len(tokens) else None
+    verdict = judge_difference(ref_model, prompt, reference, pos, got, step_start_of(accept_lengths, pos), floor)
     margin = None if verdict["margins"] is None else verdict["margins"]["one_token"]
-    return {"question_id": rec.question_id, "turn": rec.turn, "position": pos,
-            "expected_token": ref.tokens[pos] if pos < len(ref.tokens) else None, "got_token": got,
-            "expected_length": len(ref.tokens), "got_length": len(rec.tokens), "logit_margin": margin, **verdict}
+    return {"position": pos, "expected_token": reference[pos] if pos < len(reference) else None, "got_token": got,
+            "expected_length": len(reference), "got_length": len(tokens), "logit_margin": margin, **verdict}
 
 
 def tie_summary(report: dict, limit: int = 5) -> str:
