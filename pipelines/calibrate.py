@@ -35,13 +35,13 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
 from models.engine.fast_inference import prepare_for_decoding
-from models.hardware import machine_description
+from models.hardware import host_record, machine_description
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.common import (conf_option, heads_options, load_model, log, mlflow_run, run_record, stage,
                               write_json)
-from pipelines.host import apply_host, host_metrics
+from pipelines.host import apply_host
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
 
@@ -307,7 +307,7 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
                                       "predicted_speedup")}
     metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
                **write_grown(cfg, result["grown"], out, result["machine"]),          # tree=dynamic_optimal
-               "host": host_metrics(result["machine"]["device"]), "run": run_record()}
+               "host": host_record(result["machine"]["device"]), "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])

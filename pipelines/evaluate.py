@@ -59,9 +59,9 @@ from models.measure.peers import assisted_generate, prompt_lookup_generate
 from models.measure.lossless import LosslessnessError, check_lossless, failure_message
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
-from models.hardware import machine_label
+from models.hardware import applied_host_settings, host_record, machine_label
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
-from pipelines.host import apply_host, host_metrics
+from pipelines.host import apply_host
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
                                tree_question_limits)
@@ -137,7 +137,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "versions": {"python": platform.python_version(), "torch": torch.__version__,
                              "transformers": transformers.__version__},
                 "device": device, "hardware": machine_label(device), "num_threads": torch.get_num_threads(),
-                **({"host": host} if (host := host_metrics(device)["host_settings"]) else {})}   # CUDA's only
+                **({"host": host} if (host := applied_host_settings(device)) else {})}   # CUDA's only
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16], settings
 
 
@@ -248,7 +248,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
-    metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_metrics(device),
+    metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_record(device),
                "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary

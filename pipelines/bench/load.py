@@ -41,9 +41,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
-from models.hardware import cpu_model
+from models.hardware import cpu_model, host_record
 from pipelines.common import conf_option, REPO_ROOT, load_model, log, stage, write_json
-from pipelines.host import host_metrics
 from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
@@ -342,7 +341,7 @@ def main(cfg: DictConfig) -> None:
     record = {"model": cfg.model.name, "machine": cpu_model(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
               "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
-              "host": host_metrics("cpu")}         # CPU processes: the GPU host settings do not apply
+              "host": host_record("cpu")}         # CPU processes: the GPU host settings do not apply
     path = write_json(f"{cfg.paths.reports}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
 
