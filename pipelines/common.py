@@ -101,11 +101,13 @@ def apply_selection(cfg: DictConfig) -> DictConfig:
 
 
 def git_commit() -> str:
+    """HEAD's hash; where the code runs from a copy without git (a lent machine), $SOURCE_COMMIT, else "unknown"."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        head = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        head = ""
+    return head or os.environ.get("SOURCE_COMMIT") or "unknown"
 
 
 def _flat_params(cfg: DictConfig) -> dict[str, str]:

@@ -21,15 +21,17 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
     assert list(record["shapes"]) == ["tiny"] and record["bench_settings"]["dtype"] == "float32"
     rows = record["shapes"]["tiny"]["settings"]
     assert list(rows) == ["torch_defaults", "host_settings", "static_step"]
-    for row in rows.values():
+    assert record["shapes"]["tiny"]["complete"]
+    assert rows["static_step"]["plain_tokens_equal_host_settings"]     # a CPU: the same eager step twice
+    for name, row in rows.items():
         assert row["host_record"]["host_settings"] == {}          # a CPU: the host settings change nothing
-        assert row["plain_step_ms"] > 0 and row["hf_generate_ms_per_token"] > 0
-        assert "hf_generate_static_ms_per_token" in row
+        assert row["plain_step_ms"] > 0 and row["hf_generate_ms_per_token"] > 0 and row["seconds"] > 0
+        assert ("hf_generate_static_ms_per_token" in row) == (name == "static_step")     # bench_gpu.hf_static_in
         assert row["verify"]["sizes"] == [1, 4, 16] and row["verify"]["relative"][0] == 1.0
         assert row["verify"]["one_token_ms"] > 0
         assert set(row["drafting"]) == {"medusa", "eagle"}
         for family in row["drafting"].values():
-            for tree in ("sparse64", "chain4"):
+            for tree in ("sparse64", "chain4", "eagle2"):
                 parts = family[tree]
                 assert parts["step_ms"] > 0 and parts["draft_ms"] > 0 and parts["verify_ms"] > 0
                 assert parts["tokens_per_step"] >= 1

@@ -1,9 +1,12 @@
 """The GPU code paths, on CUDA (skipped on a machine without one; CI has none): every drafter family decodes
 losslessly with the base and heads on the GPU, sampling and typical acceptance run there, per-step timing
 synchronises the device, each training recipe fits on the GPU under Lightning (bf16-mixed, as trainer=gpu),
-and the train stage runs with trainer=gpu. The evaluate, calibrate and distill stage tests pick the GPU by
-themselves (device auto) when one is present."""
+the train stage runs with trainer=gpu, and the evaluate and calibrate stages run on the GPU under the host
+settings (conf host.*), which their metrics record. The distill stage's tests pick the GPU by themselves (device
+auto) when one is present."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import pytorch_lightning as pl
@@ -15,7 +18,9 @@ from models.engine.decoding import generate, prefill, time_step
 from models.engine.drafters import PromptLookupDrafter, heads_drafter, make_drafter
 from models.heads import HeadsConfig, build_heads, load_heads
 from models.heads.fitting import fit_resumable
+from tests.test_calibration import _tiny_stage_config, _write_tiny_distilled
 from tests.test_decoding import TREES, cyclic_prompt, prompt_ids
+from tests.test_evaluate import stage_cfg  # noqa: F401  (a fixture)
 from tests.test_training import loaders, make_module, save_distilled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -123,3 +128,42 @@ def test_the_train_stage_runs_with_trainer_gpu(heads_name, compose_cfg, monkeypa
     model, _ = build_tiny_model()
     base, heads = load_heads(tmp_path / "results" / "heads" / heads_name, model.to(CUDA))
     assert next(heads.parameters()).device.type == "cuda"
+
+
+def assert_gpu_host_record(host: dict) -> None:
+    """A timed stage's metrics on CUDA: the GPU named and conf host.*'s settings applied (1 thread, no cuDNN)."""
+    assert host["device"] == "cuda" and host["gpu"] == torch.cuda.get_device_name(0)
+    assert host["host_settings"]["threads"] == host["torch_threads"] == 1
+    assert host["host_settings"]["cudnn_attention"] is False and host["sdp_backends"]["cudnn"] is False
+
+
+def test_the_evaluate_stage_runs_on_the_gpu_under_the_host_settings(stage_cfg, tmp_path):  # noqa: F811
+    from omegaconf import open_dict
+
+    from pipelines.evaluate import run_evaluation
+
+    with open_dict(stage_cfg):
+        stage_cfg.eval.device = "cuda"
+    summary = run_evaluation(stage_cfg)                    # raises LosslessnessError on any lost token
+    assert "medusa1-chain4" in summary["methods"] and "hydra-sparse64" in summary["methods"]
+    metrics = [json.loads(p.read_text()) for p in (tmp_path / "reports" / "metrics").glob("*.json")]
+    assert len(metrics) == 1
+    assert_gpu_host_record(metrics[0]["host"])
+
+
+def test_the_calibrate_stage_runs_on_the_gpu_under_the_host_settings(tmp_path):
+    from pipelines.calibrate import calibrate
+
+    cfg = _tiny_stage_config(tmp_path, "hydra")
+    cfg.profile.calibrate.device = "cuda"
+    model, tok = build_tiny_model(seed=0)
+    _write_tiny_distilled(tmp_path / "distilled", tok)
+    build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=cfg.heads.num_heads,
+                                     num_layers=cfg.heads.num_layers, share_lm_head=True),
+                model).save(tmp_path / "results" / "heads" / "hydra")
+    calibrate(cfg)
+    latency = json.loads((tmp_path / "results" / "calibrate" / "latency.json").read_text())
+    assert "cuda" in json.dumps(latency["machine"]).lower()
+    metrics = [json.loads(p.read_text()) for p in (tmp_path / "reports" / "metrics").glob("*.json")]
+    assert metrics and all(m["host"]["device"] == "cuda" for m in metrics)
+    assert_gpu_host_record(metrics[0]["host"])

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from models.engine import decoding
+from models.engine import static_step
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate, prefill, verify_masks
 from models.engine.drafters import make_drafter
@@ -110,3 +111,24 @@ def test_on_cuda_the_captured_graphs_decode_what_the_eager_step_decodes(tiny_mod
     assert static.mode == "cuda_graphs"
     graphs = generate(model, None, PROMPT, drafter, max_new_tokens=30, stop_token_ids=[], static=True)
     assert graphs.new_tokens == eager.new_tokens
+    assert static.graphs and static.fallback == {}          # the steps replayed graphs (kept from attach_static)
+
+
+def test_a_model_keeps_its_static_decoder_from_one_call_to_the_next(tiny_model):
+    """Graphs are captured once per model: the second decode reuses the first's buffers and cache storage, and a
+    decode that needs more positions gets a larger one; the outputs stay the eager ones."""
+    model, _ = tiny_model
+    kept = []
+    for n in (5, 7):
+        state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
+        kept.append(attach_static(state, None, max_new_tokens=n, capture=False))
+    assert kept[0] is kept[1] and kept[0].cache.capacity % static_step.CAPACITY_STEP == 0
+    storage = kept[0].cache.layers[0]._k.data_ptr()
+    eager = generate(model, None, PROMPT, max_new_tokens=12, stop_token_ids=[], static=False)
+    again = generate(model, None, PROMPT, max_new_tokens=12, stop_token_ids=[], static=True)
+    assert again.new_tokens == eager.new_tokens
+    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
+    assert attach_static(state, None, max_new_tokens=8, capture=False).cache.layers[0]._k.data_ptr() == storage
+    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
+    bigger = attach_static(state, None, max_new_tokens=static_step.CAPACITY_STEP, capture=False)
+    assert bigger is not kept[0] and bigger.cache.capacity >= len(PROMPT) + static_step.CAPACITY_STEP

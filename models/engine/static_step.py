@@ -13,6 +13,8 @@ the cache grows, the tree changes size. So here
     slots past the step's own, which the mask hides and the next step overwrites);
   - on CUDA each size is captured as a graph the first time it is used and replayed after; elsewhere, or where
     capture fails, the same fixed-shape forward runs eagerly (`mode` and `fallback` say which and why).
+A model keeps its StaticDecoder from one generate() to the next (capacity rounded up to CAPACITY_STEP positions), so
+graphs are captured once per model and verify size, not at every call; one static decode at a time per model.
 The engine's step is unchanged: StaticDecoder is called as the decoder is (decode_step, verify_tree) and
 StaticCache prunes and rewinds as the engine's cache does (kv_cache.keep_accepted, DecodeState.rewind).
 Not for drafters that read intermediate layers (EAGLE-3's taps: hooks do not run in a replayed graph) nor
@@ -20,6 +22,7 @@ sliding-window models (their per-layer masks): attach_static leaves those eager.
 """
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -28,6 +31,8 @@ from transformers.cache_utils import Cache
 from models.engine.kv_cache import GrowingLayer
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)     # verify sizes a step is rounded up to (one graph each)
+CAPACITY_STEP = 1024                         # cache positions are allocated in these steps (a 7B Llama: 512 MB)
+_KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # decoder module -> its StaticDecoder
 
 
 class StaticLayer(GrowingLayer):
@@ -56,8 +61,10 @@ class StaticLayer(GrowingLayer):
         return self._k, self._v                       # the length is set by the step (StaticDecoder), not here
 
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Start from these filled rows [B, kv_heads, n, head_dim] (another cache's)."""
-        self.lazy_initialization(keys, values)
+        """Start from these filled rows [B, kv_heads, n, head_dim] (another cache's), in the same storage as
+        before when this layer was used already (captured graphs read those addresses)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
         self._reserve(keys.shape[-2], keys, values)
         self._k[:, :, :keys.shape[-2]], self._v[:, :, :keys.shape[-2]] = keys, values
         self.set_length(keys.shape[-2])
@@ -89,7 +96,8 @@ class StaticDecoder:
 
     def __init__(self, decoder, cache: StaticCache, positions: torch.Tensor, capture: bool,
                  buckets: tuple[int, ...] = BUCKETS):
-        self.decoder, self.cache, self.positions, self.buckets = decoder, cache, positions, tuple(buckets)
+        self._decoder = weakref.ref(decoder)        # _KEPT's key: a strong reference would keep the model alive
+        self.cache, self.positions, self.buckets = cache, positions, tuple(buckets)
         self.config, self.layers = decoder.config, decoder.layers       # what verify_masks and LayerTaps read
         device, dtype = positions.device, next(decoder.parameters()).dtype
         top = self.buckets[-1]
@@ -100,6 +108,10 @@ class StaticDecoder:
         self.graphs: dict[int, tuple] = {}
         self.fallback: dict[int, str] = {}
         self.pool = None
+
+    @property
+    def decoder(self):
+        return self._decoder()
 
     def bucket(self, n: int) -> int:
         """The smallest verify size >= n (n itself beyond the largest: run eagerly at that size)."""
@@ -186,10 +198,22 @@ def attach_static(state, drafter, max_new_tokens: int, capture: bool | None = No
     if static_unsupported(state.decoder, drafter):
         return None
     capture = state.device.type == "cuda" if capture is None else capture
-    capacity = state.past + max_new_tokens + max(buckets) + 1
-    positions = torch.zeros(max(buckets), dtype=torch.long, device=state.device)
-    cache = StaticCache(len(state.cache.layers), capacity, positions)
-    cache.load(state.cache)
-    static = StaticDecoder(state.decoder, cache, positions, capture, buckets)
-    state.decoder, state.cache = static, cache
+    need = state.past + max_new_tokens + max(buckets) + 1
+    static = _KEPT.get(state.decoder)
+    if (static is None or static.cache.capacity < need or static.buckets != tuple(buckets)
+            or static.mode != ("cuda_graphs" if capture else "static_eager")):
+        capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
+        positions = torch.zeros(max(buckets), dtype=torch.long, device=state.device)
+        static = StaticDecoder(state.decoder, StaticCache(len(state.cache.layers), capacity, positions), positions,
+                               capture, buckets)
+        _KEPT[state.decoder] = static
+    static.cache.load(state.cache)
+    state.decoder, state.cache = static, static.cache
     return static
+
+
+def static_summaries() -> list[dict]:
+    """What each model's kept StaticDecoder did: its mode, the verify sizes captured as graphs, and the sizes that fell
+    back to the eager forward with the reason (for a benchmark's record)."""
+    return [{"mode": d.mode, "capacity": d.cache.capacity, "graphs": sorted(d.graphs), "fallback": dict(d.fallback)}
+            for d in list(_KEPT.values())]

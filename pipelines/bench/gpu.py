@@ -8,10 +8,14 @@ built from configs with random weights at the papers' shapes (timing does not de
 For each shape, under torch's defaults, then the host settings (models/hardware.py, conf host.*), then those with
 the static step (models/engine/static_step.py: CUDA graphs; the verify profile stays eager):
   - our plain step: generate() without a drafter, decode ms a step;
-  - transformers' generate, ms a token: plain, and with its static cache (which transformers compiles on CUDA);
+  - transformers' generate, ms a token: plain, and with its static cache (which transformers compiles on CUDA;
+    measured in the settings of bench_gpu.hf_static_in, by default the last, so that a long compile comes last);
   - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
   - each method's drafting (one random-headed family per head config of `pipeline_heads`) on the 63-node tree
-    (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63) and a 4-token chain: draft, verify, accept, commit, step ms.
+    (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63), a 4-token chain and EAGLE-2's grown tree (conf/tree/eagle2.yaml):
+    draft, verify, accept, commit, step ms.
+The file is rewritten after every setting, so a run cut short keeps what it measured (`complete` says which shapes
+finished).
 Writes reports/bench/gpu_<device>.json (bench_gpu.out to change it) with the device, library versions, the
 decoder's commit, the date and the host record of each setting; the results document's projection
 (analysis/projection.py) reads such a file. Defaults: on CUDA vicuna_7b and smollm2_135m in bfloat16, on a CPU
@@ -34,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from models.base import DTYPES, build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafters import make_drafter
+from models.engine.static_step import static_summaries
 from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
@@ -53,7 +58,8 @@ SHAPES = {
     "tiny": None,                                   # models.base.build_tiny_model's defaults
 }
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
-            "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4"], "families": None, "out": None}
+            "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
+            "hf_static_in": ["static_step"], "out": None}
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
@@ -61,7 +67,11 @@ FIGURES = {
     "verify": "verify_latency_profile: a step verifying n tokens (forward + LM head) relative to a 1-token step; "
               "one_token_ms the 1-token step",
     "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
-                "head rows), lm_head, accept, commit and the whole step (step_ms)",
+                "head rows), lm_head, accept, commit and the whole step (step_ms); eagle2 is the grown tree "
+                "(conf/tree/eagle2.yaml), its size set by the random heads' probabilities",
+    "plain_tokens_equal_host_settings": "under static_step: the plain step's greedy tokens equal those of the eager "
+                                        "host_settings run on the same prompt (bf16: a tie may flip one)",
+    "seconds": "wall seconds the setting's measurements took",
 }
 
 
@@ -140,7 +150,8 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
         config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
                                       share_lm_head=bool(h.get("share_lm_head", False)))
         param = next(model.parameters())
-        heads = build_heads(config, model).to(param.device, param.dtype).eval()
+        with torch.device(param.device):       # initialised where they run: a 7B-wide LM head a head on one host
+            heads = build_heads(config, model).to(param.device, param.dtype).eval()   # thread is seconds each
         row = {}
         for tname, tree in trees.items():
             drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
@@ -155,9 +166,10 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
     return out
 
 
-def measure_setting(cfg, model, s: dict) -> dict:
-    """Every figure of FIGURES for one shape under the host settings in force."""
-    device = s["device"]
+def measure_setting(cfg, model, s: dict, setting: str) -> dict:
+    """Every figure of FIGURES for one shape under the host settings in force (transformers' static-cache generate,
+    which compiles on CUDA, only in the settings of bench_gpu.hf_static_in)."""
+    device, t0 = s["device"], time.perf_counter()
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(model.config.vocab_size, (s["prefix_len"],), generator=g).tolist()
     prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]))
@@ -166,13 +178,19 @@ def measure_setting(cfg, model, s: dict) -> dict:
     row = {"plain_step_ms": round(1e3 * plain.decode_time / max(1, plain.steps), 3),
            "hf_generate_ms_per_token": round(hf_ms_per_token(model, prompt, s["new_tokens"], device, False), 3),
            "verify": {"sizes": prof["sizes"], "relative": [round(x, 4) for x in prof["relative"]],
-                      "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)}}
-    try:       # transformers compiles the static-cache forward on CUDA; where that fails, say why
-        row["hf_generate_static_ms_per_token"] = round(hf_ms_per_token(model, prompt, s["new_tokens"], device, True), 3)
-    except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
-        row["hf_generate_static_ms_per_token"] = None
-        row["hf_generate_static_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                      "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
+           "plain_tokens": list(plain.new_tokens)}
     row["drafting"] = drafting_costs(cfg, model, prompt, s)
+    if setting in s["hf_static_in"]:
+        try:   # transformers compiles the static-cache forward on CUDA; where that fails, say why
+            row["hf_generate_static_ms_per_token"] = round(hf_ms_per_token(model, prompt, s["new_tokens"], device,
+                                                                           True), 3)
+        except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
+            row["hf_generate_static_ms_per_token"] = None
+            row["hf_generate_static_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if setting == "static_step":
+        row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
+    row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
 
@@ -225,6 +243,7 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
                            "static_step": "the host settings with the static step (CUDA graphs; CUDA only, so "
                                           "on a CPU the same as host_settings); the verify profile stays eager"},
               "shapes": {}}
+    path = Path(s["out"] or Path(cfg.paths.reports) / "bench" / f"gpu_{device_slug(device)}.json")
     for name in s["shapes"]:
         t0 = time.perf_counter()
         model = build_shape(name, device, s["dtype"])
@@ -234,16 +253,20 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
                                       "static_step": bool(host["host_settings"].get("static_step", False))},
-                             "host_record": host, **measure_setting(cfg, model, s)}
+                             "host_record": host, **measure_setting(cfg, model, s, setting)}
+            if setting == "static_step" and "host_settings" in rows:
+                rows[setting]["plain_tokens_equal_host_settings"] = (rows[setting]["plain_tokens"]
+                                                                     == rows["host_settings"]["plain_tokens"])
             log.info("%s, %s: plain step %.2f ms, transformers %.2f ms a token", name, setting,
                      rows[setting]["plain_step_ms"], rows[setting]["hf_generate_ms_per_token"])
-        record["shapes"][name] = {"config": SHAPES[name] or {"tiny": "models.base.build_tiny_model defaults"},
-                                  "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
-                                  "seconds": round(time.perf_counter() - t0, 1), "settings": rows}
+            record["shapes"][name] = {"config": SHAPES[name] or {"tiny": "models.base.build_tiny_model defaults"},
+                                      "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
+                                      "seconds": round(time.perf_counter() - t0, 1), "settings": rows,
+                                      "complete": setting == SETTINGS[-1]}
+            write_json(path, record)         # after every setting: a run cut short keeps what it measured
         del model
         if is_cuda(device) and torch.cuda.is_available():
             torch.cuda.empty_cache()
-    path = Path(s["out"] or Path(cfg.paths.reports) / "bench" / f"gpu_{device_slug(device)}.json")
     return write_json(path, record), record
 
 
