@@ -166,12 +166,26 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
     return out
 
 
-def measure_setting(cfg, model, s: dict, setting: str) -> dict:
-    """Every figure of FIGURES for one shape under the host settings in force (transformers' static-cache generate,
-    which compiles on CUDA, only in the settings of bench_gpu.hf_static_in)."""
-    device, t0 = s["device"], time.perf_counter()
+def bench_prompt(model, s: dict) -> list[int]:
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(model.config.vocab_size, (s["prefix_len"],), generator=g).tolist()
+    return torch.randint(model.config.vocab_size, (s["prefix_len"],), generator=g).tolist()
+
+
+def hf_static_figures(model, s: dict) -> dict:
+    """transformers' generate with its static cache (compiled on CUDA; the compile can take minutes, so it is timed
+    after the setting's other figures are saved); where it fails, why."""
+    try:
+        return {"hf_generate_static_ms_per_token": round(hf_ms_per_token(model, bench_prompt(model, s),
+                                                                         s["new_tokens"], s["device"], True), 3)}
+    except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
+        return {"hf_generate_static_ms_per_token": None, "hf_generate_static_error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def measure_setting(cfg, model, s: dict, setting: str) -> dict:
+    """Every figure of FIGURES but transformers' static-cache generate, for one shape under the host settings in
+    force."""
+    device, t0 = s["device"], time.perf_counter()
+    prompt = bench_prompt(model, s)
     prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]))
     generate(model, None, prompt, max_new_tokens=4, stop_token_ids=[])                           # warm up
     plain = generate(model, None, prompt, max_new_tokens=s["new_tokens"], stop_token_ids=[])
@@ -181,13 +195,6 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
                       "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
            "plain_tokens": list(plain.new_tokens)}
     row["drafting"] = drafting_costs(cfg, model, prompt, s)
-    if setting in s["hf_static_in"]:
-        try:   # transformers compiles the static-cache forward on CUDA; where that fails, say why
-            row["hf_generate_static_ms_per_token"] = round(hf_ms_per_token(model, prompt, s["new_tokens"], device,
-                                                                           True), 3)
-        except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
-            row["hf_generate_static_ms_per_token"] = None
-            row["hf_generate_static_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     if setting == "static_step":
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
     row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -264,6 +271,9 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
                                       "seconds": round(time.perf_counter() - t0, 1), "settings": rows,
                                       "complete": setting == SETTINGS[-1]}
             write_json(path, record)         # after every setting: a run cut short keeps what it measured
+            if setting in s["hf_static_in"]:
+                rows[setting].update(hf_static_figures(model, s))
+                write_json(path, record)
         del model
         if is_cuda(device) and torch.cuda.is_available():
             torch.cuda.empty_cache()
