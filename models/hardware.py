@@ -98,7 +98,7 @@ def host_record(device) -> dict:
               "torch_threads": torch.get_num_threads(),
               "sdp_backends": {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
                                "mem_efficient": cuda.mem_efficient_sdp_enabled(), "math": cuda.math_sdp_enabled()}}
-    if is_cuda(device) and torch.cuda.is_available():
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():   # the device itself, not the host rule
         record["gpu"] = torch.cuda.get_device_name(torch.device(device))
         record["cudnn_version"] = torch.backends.cudnn.version()
     return record

@@ -39,9 +39,37 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
 
 @pytest.mark.parametrize("override,match", [("+bench_gpu.shapes=[llama_70b]", "llama_70b"),
                                             ("+bench_gpu.sizes=[4,8]", "must include 1"),
-                                            ("+bench_gpu.repeat=3", "bench_gpu.repeat ")])
+                                            ("+bench_gpu.repeat=3", "bench_gpu.repeat "),
+                                            ("+bench_gpu.settings=[fast]", "bench_gpu.settings")])
 def test_bench_gpu_refuses_unknown_settings(compose_cfg, override, match):
     from pipelines.bench.gpu import settings_of
 
     with pytest.raises(ValueError, match=match):
         settings_of(compose_cfg(override))
+
+
+def test_bench_gpu_judges_a_static_step_difference_by_the_tie_rule(compose_cfg, monkeypatch):
+    """Where the static step's plain tokens differ from the eager ones, the file says where and whether it is a tie
+    (here a flipped token on a float32 model: a real difference, its margin measured)."""
+    from pipelines.bench import gpu
+
+    real = gpu.measure_setting
+
+    def flipped(cfg, model, s, setting):
+        row = real(cfg, model, s, setting)
+        if setting == "static_step":
+            row["plain_tokens"] = row["plain_tokens"][:2] + [(row["plain_tokens"][2] + 1) % 7] + row["plain_tokens"][3:]
+        return row
+
+    monkeypatch.setattr(gpu, "measure_setting", flipped)
+    cfg = compose_cfg("+bench_gpu.sizes=[1,4]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=6",
+                      "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa]", "+bench_gpu.trees=[chain4]",
+                      "+bench_gpu.settings=[host_settings,static_step]", "+bench_gpu.device=cpu")
+    _, record = gpu.run_bench(cfg)
+    rows = record["shapes"]["tiny"]["settings"]
+    assert list(rows) == ["host_settings", "static_step"] and record["shapes"]["tiny"]["complete"]
+    diff = rows["static_step"]["plain_difference"]
+    assert rows["static_step"]["plain_tokens_equal_host_settings"] is False
+    assert diff["position"] == 2 and diff["tie"] is False and diff["dtype"] == "float32"
+    assert abs(diff["logit_margin"]) > diff["tolerance"]
+    assert rows["static_step"]["verify"]["sizes"] == [1, 4]

@@ -132,3 +132,12 @@ def test_a_model_keeps_its_static_decoder_from_one_call_to_the_next(tiny_model):
     state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
     bigger = attach_static(state, None, max_new_tokens=static_step.CAPACITY_STEP, capture=False)
     assert bigger is not kept[0] and bigger.cache.capacity >= len(PROMPT) + static_step.CAPACITY_STEP
+
+
+def test_the_verify_profile_takes_the_static_step_when_asked(tiny_model):
+    from models.measure.latency import verify_latency_profile
+
+    model, _ = tiny_model
+    prof = verify_latency_profile(model, [1, 4, 16], repeats=1, prefix_len=20, static=True)
+    assert prof["static"] and prof["sizes"] == [1, 4, 16] and all(t > 0 for t in prof["forward_lm_head_s"])
+    assert verify_latency_profile(model, [1, 4], repeats=1, prefix_len=20)["static"] is False   # a CPU: host says no

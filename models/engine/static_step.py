@@ -145,6 +145,8 @@ class StaticDecoder:
 
     def _capture(self, b: int):
         """The size-b forward captured as a CUDA graph (warmed up on a side stream first) -> (graph, output)."""
+        if self.ids.device.type != "cuda":     # a graph captured around CPU work would replay nothing
+            raise RuntimeError(f"CUDA graphs capture CUDA work; this decoder runs on {self.ids.device.type}")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -8,7 +8,9 @@ Each size is a FixedDrafter proposing n - 1 random tokens as a chain below the r
 prefix_len-token random prompt; decoding.time_step takes the step and rewinds it. n = 1 is the
 baseline's plain step. The LM head runs on the rows the acceptance rule reads (all of them up to
 acceptance.EAGER_ROWS tokens), as in decoding. Sizes are interleaved within each repeat so that a
-slow phase of a shared machine hits every size alike.
+slow phase of a shared machine hits every size alike. static: the steps run as the decoder runs them with the
+static step (models/engine/static_step.py: CUDA graphs on CUDA); None: as the host settings say (host.static_step),
+so that a calibrated tree is chosen for the step that evaluate will take.
 """
 from __future__ import annotations
 
@@ -21,16 +23,21 @@ import torch
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import prefill, time_step
 from models.engine.drafters import DraftContext, FixedDrafter
+from models.engine.static_step import attach_static
+from models.hardware import applied_host_settings
 
 
 @torch.inference_mode()
 def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7, prefix_len: int = 300,
-                           seed: int = 0) -> dict:
+                           seed: int = 0, static: bool | None = None) -> dict:
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g).to(device)
     state = prefill(model, ids, SamplingConfig())
     sizes = [int(n) for n in sizes]
+    static = applied_host_settings(device).get("static_step", False) if static is None else static
+    if static:                                          # time_step rewinds each step: the cache never grows
+        attach_static(state, None, max_new_tokens=max(sizes))
     drafters = {n: FixedDrafter(torch.randint(model.config.vocab_size, (n - 1,), generator=g)) for n in sizes}
     for drafter in drafters.values():
         drafter.start(DraftContext(ids[0], None, SamplingConfig()))
@@ -45,7 +52,7 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
     med_fwd = [statistics.median(fwd[n]) for n in sizes]
     med_full = [statistics.median(full[n]) for n in sizes]
     one = med_full[sizes.index(1)] if 1 in sizes else med_full[0]
-    return {"sizes": sizes, "prefix_len": prefix_len, "repeats": repeats, "statistic": "median",
+    return {"sizes": sizes, "prefix_len": prefix_len, "repeats": repeats, "statistic": "median", "static": bool(static),
             "forward_s": med_fwd, "forward_lm_head_s": med_full,
             "relative": [t / one for t in med_full], "relative_forward": [t / one for t in med_fwd],
             "all_forward_lm_head_s": [full[n] for n in sizes]}

@@ -43,6 +43,7 @@ from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
+from models.measure.lossless import judged_difference
 import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
 from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.host import apply_host
@@ -59,12 +60,13 @@ SHAPES = {
 }
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
-            "hf_static_in": ["static_step"], "out": None}
+            "hf_static_in": ["static_step"], "settings": None, "out": None}
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
                                 "new token; hf_generate_static_ms_per_token the same with cache_implementation=static",
-    "verify": "verify_latency_profile: a step verifying n tokens (forward + LM head) relative to a 1-token step; "
+    "verify": "verify_latency_profile: a step verifying n tokens (forward + LM head) relative to a 1-token step, "
+              "with the static step where the setting has it (static: true); "
               "one_token_ms the 1-token step",
     "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
                 "head rows), lm_head, accept, commit and the whole step (step_ms); eagle2 is the grown tree "
@@ -72,6 +74,8 @@ FIGURES = {
     "plain_tokens_equal_host_settings": "under static_step: the plain step's greedy tokens equal those of the eager "
                                         "host_settings run on the same prompt (bf16: a tie may flip one)",
     "seconds": "wall seconds the setting's measurements took",
+    "plain_difference": "under static_step where the plain tokens differ from host_settings': the first difference "
+                        "judged by the tie rule (models/measure/lossless.judged_difference, floor 1e-3)",
 }
 
 
@@ -85,6 +89,9 @@ def settings_of(cfg: DictConfig) -> dict:
     s["device"] = ("cuda" if torch.cuda.is_available() else "cpu") if s["device"] == "auto" else str(s["device"])
     s["shapes"] = list(s["shapes"] or (["vicuna_7b", "smollm2_135m"] if is_cuda(s["device"]) else ["tiny"]))
     s["dtype"] = s["dtype"] or ("bfloat16" if is_cuda(s["device"]) else "float32")
+    s["settings"] = list(s["settings"] or SETTINGS)
+    if not s["settings"] or set(s["settings"]) - set(SETTINGS):
+        raise ValueError(f"bench_gpu.settings={s['settings']}; use a non-empty list of {list(SETTINGS)}")
     for name in s["shapes"]:
         if name not in SHAPES:
             raise ValueError(f"bench_gpu.shapes names {name!r}; known shapes: {sorted(SHAPES)}")
@@ -118,7 +125,7 @@ def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool)
     """transformers' greedy generate of exactly n tokens after the prompt, wall ms a token (after one warm-up)."""
     ids = torch.tensor([prompt], device=device)
     kw = {"do_sample": False, "pad_token_id": 0, **({"cache_implementation": "static"} if static else {})}
-    model.generate(ids, max_new_tokens=min(n, 8), min_new_tokens=min(n, 8), **kw)
+    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)          # the same shapes: compiled once
     sync(device)
     t = time.perf_counter()
     model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
@@ -255,21 +262,24 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
         t0 = time.perf_counter()
         model = build_shape(name, device, s["dtype"])
         rows = {}
-        for setting in SETTINGS:                                  # heads are built per setting: not in inference mode
+        for setting in s["settings"]:                             # heads are built per setting: not in inference mode
             host = apply_setting(cfg, device, setting, default_threads)
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
                                       "static_step": bool(host["host_settings"].get("static_step", False))},
                              "host_record": host, **measure_setting(cfg, model, s, setting)}
             if setting == "static_step" and "host_settings" in rows:
-                rows[setting]["plain_tokens_equal_host_settings"] = (rows[setting]["plain_tokens"]
-                                                                     == rows["host_settings"]["plain_tokens"])
+                ref, got = rows["host_settings"]["plain_tokens"], rows[setting]["plain_tokens"]
+                rows[setting]["plain_tokens_equal_host_settings"] = ref == got
+                if ref != got:
+                    rows[setting]["plain_difference"] = judged_difference(model, bench_prompt(model, s), ref, got,
+                                                                          [1] * (len(got) - 1), floor=1e-3)
             log.info("%s, %s: plain step %.2f ms, transformers %.2f ms a token", name, setting,
                      rows[setting]["plain_step_ms"], rows[setting]["hf_generate_ms_per_token"])
             record["shapes"][name] = {"config": SHAPES[name] or {"tiny": "models.base.build_tiny_model defaults"},
                                       "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
                                       "seconds": round(time.perf_counter() - t0, 1), "settings": rows,
-                                      "complete": setting == SETTINGS[-1]}
+                                      "complete": setting == s["settings"][-1]}
             write_json(path, record)         # after every setting: a run cut short keeps what it measured
             if setting in s["hf_static_in"]:
                 rows[setting].update(hf_static_figures(model, s))
