@@ -41,7 +41,9 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 # anew for every new key length (38 ms of host time a forward at the defaults), so a tree step paid it twice over.
 # With cuDNN attention off the tree step stays at ~1.04x a plain step whatever the thread count (reports/bench/
 # gpu_h100_2026-11-26.json). On a CPU these settings change nothing: its threads are the stage's own setting.
-# static_step: the fixed-shape step replayed as CUDA graphs (models/engine/static_step.py), off until measured.
+# static_step: the fixed-shape step replayed as CUDA graphs (models/engine/static_step.py): 9.8 ms a 7B plain step on
+# an H100 against 20.2 eager, but off by default: its bf16 greedy output left the eager step's at a margin beyond the
+# tie rule on a random 7B (docs/engine.md).
 CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False}
 HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process (host_record reports it)
 

@@ -101,13 +101,16 @@ def apply_selection(cfg: DictConfig) -> DictConfig:
 
 
 def git_commit() -> str:
-    """HEAD's hash; where the code runs from a copy without git (a lent machine), $SOURCE_COMMIT, else "unknown"."""
+    """$SOURCE_COMMIT where set (a copy of the tree run elsewhere, whose git metadata may be another commit's), else
+    HEAD's hash, else "unknown"."""
+    if os.environ.get("SOURCE_COMMIT"):
+        return os.environ["SOURCE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         head = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         head = ""
-    return head or os.environ.get("SOURCE_COMMIT") or "unknown"
+    return head or "unknown"
 
 
 def _flat_params(cfg: DictConfig) -> dict[str, str]:
