@@ -211,7 +211,8 @@ def random_heads(cfg: DictConfig, model, heads_cfg: DictConfig, seed: int = 0):
     vocab = None if vocab is None or int(vocab) >= model.config.vocab_size else int(vocab)
     share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
     config = HeadsConfig.for_base(model, str(heads_cfg.family), int(heads_cfg.num_heads), int(heads_cfg.num_layers),
-                                  share_lm_head=share, draft_vocab_size=vocab)
+                                  share_lm_head=share, draft_vocab_size=vocab,
+                                  shared_blocks=heads_cfg.get("shared_blocks", False))
     torch.manual_seed(seed)
     heads = build_heads(config, model, None if vocab is None else torch.arange(vocab))
     return heads.to(next(model.parameters()).device).eval()

@@ -28,8 +28,9 @@ def profile_overrides(cfg: DictConfig) -> dict:
 
 
 def with_profile_heads(cfg: DictConfig) -> DictConfig:
-    """cfg with profile.train.heads_overrides[<heads name>] merged into cfg.heads: a profile's own recipe for
-    a family where the paper's does not fit its data (cpu: Hydra++), conf/heads/<name>.yaml left as published."""
+    """cfg with profile.train.heads_overrides[<heads name>] merged into cfg.heads: what a profile changes of a
+    published recipe, by the rules every method gets alike (cpu: the learning-rate rule, docs/protocol.md's recipe
+    table), conf/heads/<name>.yaml left as published."""
     overrides = cfg.profile.train.get("heads_overrides") or {}
     unknown = sorted(set(overrides) - set(heads_options()))
     if unknown:

@@ -224,7 +224,8 @@ def trainable_heads(cfg: DictConfig, model, draft_ids: torch.Tensor | None):
     h = cfg.heads
     config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
                                   dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
-                                  draft_vocab_size=None if draft_ids is None else len(draft_ids))
+                                  draft_vocab_size=None if draft_ids is None else len(draft_ids),
+                                  shared_blocks=h.get("shared_blocks", False))
     return build_heads(config, model, draft_ids).requires_grad_(True)
 
 

@@ -24,13 +24,13 @@ def tiny():
     return model.eval(), tok
 
 
-def make_heads(model, family, *, shared, draft_vocab=None, num_layers=1, seed=0):
+def make_heads(model, family, *, shared, draft_vocab=None, num_layers=1, seed=0, shared_blocks=False):
     """Heads with every weight perturbed; own LM heads get a non-zero bias, as trained ones have."""
     draft_ids = None
     if draft_vocab:
         draft_ids = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
     config = HeadsConfig.for_base(model, family, num_heads=3, num_layers=num_layers, share_lm_head=shared,
-                                  draft_vocab_size=draft_vocab)
+                                  draft_vocab_size=draft_vocab, shared_blocks=shared_blocks)
     heads = build_heads(config, model, draft_ids=draft_ids).eval()
     return perturbed(heads, seed)
 
@@ -100,6 +100,22 @@ def test_round_trip_keeps_weights_drafts_and_output(tiny, tmp_path, fmt, family,
         assert sorted(weights) == sorted(f"{k}.{p}" for k in range(3) for p in ("0.linear.weight", "0.linear.bias", "1.weight"))
 
 
+def test_the_authors_four_layer_hydra_pp_round_trips_with_its_shared_block(tiny, tmp_path):
+    """Hydra++ as the authors build it (shared_blocks: blocks 1..3 of a head one module) exports to their format,
+    which the 4 distinct blocks of shared_blocks=false cannot, and comes back with the same 2 distinct blocks."""
+    model, tok = tiny
+    heads = make_heads(model, "hydra_pp", shared=False, draft_vocab=48, num_layers=4, shared_blocks=True)
+    export_heads(heads, model, tmp_path, "hydra")
+    weights = torch.load(tmp_path / "hydra_lm_head.pt", weights_only=True)
+    assert torch.equal(weights["hydra_mlp.0.3.linear.weight"], weights["hydra_mlp.0.7.linear.weight"])
+    back = import_heads(tmp_path, model, "hydra")
+    assert back.config.shared_blocks and back.blocks[0][1] is back.blocks[0][3]
+    assert len(list(back.blocks[0].parameters())) == len(list(heads.blocks[0].parameters())) == 5
+    for a, b in zip(heads.blocks[0].parameters(), back.blocks[0].parameters()):
+        assert torch.equal(a, b)
+    assert_same_drafts(heads, back, model, tok)
+
+
 def test_official_medusa_format_drops_the_draft_vocabulary_and_says_so(tiny, tmp_path):
     model, _ = tiny
     report = export_heads(make_heads(model, "medusa", shared=True, draft_vocab=48), model, tmp_path, "medusa")
@@ -113,7 +129,7 @@ def test_official_medusa_format_drops_the_draft_vocabulary_and_says_so(tiny, tmp
     ("medusa", "medusa", {"shared": False}, "own LM heads"),
     ("vllm", "medusa", {"shared": False}, "bias"),
     ("medusa", "medusa", {"shared": True, "num_layers": 2}, "one module repeated"),
-    ("hydra", "hydra_pp", {"shared": False, "num_layers": 4}, "Hydra++'s recipe has 4"),
+    ("hydra", "hydra_pp", {"shared": False, "num_layers": 4}, "more than 2 distinct blocks"),
     ("onnx", "medusa", {"shared": True}, "accepted: medusa, vllm, hydra, eagle"),
     ("eagle", "hydra", {"shared": True}, "format=eagle holds eagle heads, not 'hydra' heads; export them with format=hydra"),
 ])

@@ -546,6 +546,7 @@ def test_train_stage_writes_heads_metrics_and_reuses_the_cache(stage_cfg, tmp_pa
     model, tok = build_tiny_model()
     _, heads = load_heads(tmp_path / "results" / "heads" / "hydra_pp", model)
     assert heads.config.family == "hydra_pp" and heads.prefix_layer is not None
+    assert heads.config.shared_blocks and heads.blocks[0][1] is heads.blocks[0][3]   # the authors' shared block
     train_labels = [tokenize_conversation(tok, m, 96)[1] for m in conversations(8, 0)]
     assert torch.equal(heads.draft_ids, most_frequent(answer_token_counts(train_labels, len(tok)), 64))
     shards = {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "cache" / "hidden").rglob("*.safetensors")}

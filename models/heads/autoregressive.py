@@ -91,7 +91,8 @@ class AutoregressiveDraft(nn.Module):
         norm = getattr(self, "norm", None)                  # a submodule when the subclass has one
         return x if norm is None else norm(x)
 
-    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, depths: int, noise: float = 0.0) -> list[torch.Tensor]:
+    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, depths: int,
+               noise: float | torch.Tensor = 0.0) -> list[torch.Tensor]:
         """The drafts of every position of whole sequences along their true tokens, depth by depth, as the drafter
         runs them when its parents are right (training, validation and calibration).
 
@@ -101,10 +102,13 @@ class AutoregressiveDraft(nn.Module):
         whose LM head scores x_{r+k+2} (row r of entry k is "head k at position r"). Depth 0 is one causal pass
         over the pairs (f_t, x_{t+1}); depth k >= 1 runs the pairs (entry k-1 at r, x_{r+k+1}) at positions r+k,
         each seeing the true pairs up to r and its own chain above it (the draft cache's view in decoding).
-        noise: uniform noise of this width added to the true features (EAGLE's training augmentation)."""
+        noise: uniform noise of this width added to the true features (EAGLE's training augmentation); a
+        tensor [B] gives each row its own width."""
         B, T, _ = hidden.shape
         feats = hidden[:, :-1].to(self.dtype)                                       # [B, T-1, h]
-        if noise:
+        if torch.is_tensor(noise):
+            noise = noise.to(feats.device, feats.dtype).view(B, 1, 1)
+        if torch.is_tensor(noise) or noise:
             feats = feats + (torch.rand_like(feats) - 0.5) * noise
         pos = torch.arange(T - 1, device=hidden.device).expand(B, -1)               # [B, T-1]
         tokens = torch.cat([input_ids, input_ids.new_zeros(B, depths)], dim=1)      # x_{r+k+1} past the end: 0

@@ -13,7 +13,7 @@ from torch import nn
 
 from models.base import model_name
 from models.heads.draft_vocab import check_draft_ids, index_in_draft
-from models.heads.families import get_family
+from models.heads.families import get_family, share_res_blocks
 
 CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
 
@@ -29,11 +29,15 @@ class HeadsConfig:
     dropout: float = 0.0
     share_lm_head: bool = False   # True: every head ends in the frozen base LM head (no own Linear)
     draft_vocab_size: int | None = None   # heads score this many tokens (DraftHeads.draft_ids); None: all
+    shared_blocks: bool = False   # True: a head's ResBlocks are one module applied in turn, as the authors build them
 
     def __post_init__(self):
         get_family(self.family)          # an unknown family fails here, naming the known ones
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"num_heads and num_layers must be >= 1, got {self.num_heads} and {self.num_layers}")
+        if not isinstance(self.shared_blocks, bool):
+            raise ValueError(f"shared_blocks={self.shared_blocks!r} is not accepted; it takes true (a head's "
+                             "ResBlocks are one module, as the authors' [ResBlock] * L) or false (each its own)")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be between 1 and vocab_size="
                              f"{self.vocab_size}, or None for the full vocabulary")
@@ -45,10 +49,11 @@ class HeadsConfig:
 
     @classmethod
     def for_base(cls, model, family: str, num_heads: int, num_layers: int = 1, dropout: float = 0.0,
-                 share_lm_head: bool = False, draft_vocab_size: int | None = None) -> "HeadsConfig":
+                 share_lm_head: bool = False, draft_vocab_size: int | None = None,
+                 shared_blocks: bool = False) -> "HeadsConfig":
         return cls(family=family, num_heads=num_heads, num_layers=num_layers, hidden_size=model.config.hidden_size,
                    vocab_size=model.config.vocab_size, base_model=model_name(model), dropout=dropout,
-                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size)
+                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size, shared_blocks=shared_blocks)
 
 
 class DraftHeads(nn.Module):
@@ -64,6 +69,8 @@ class DraftHeads(nn.Module):
         h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
         self.family = get_family(config.family)
         self.blocks = self.family.build_blocks(h, K, L)
+        if config.shared_blocks:
+            share_res_blocks(self.blocks)
         self.dropout = nn.Dropout(config.dropout)
         self.lm_heads = None if config.share_lm_head else nn.ModuleList(
             [nn.Linear(h, Vd, bias=self.family.lm_head_bias) for _ in range(self.family.num_lm_heads(K))])
@@ -228,7 +235,11 @@ class DraftHeads(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state, seen = {}, set()
+        for k, v in self.state_dict().items():     # a shared block is under each of its names: one copy each
+            v = v.detach().contiguous().cpu()
+            state[k] = v.clone() if v.data_ptr() in seen else v
+            seen.add(v.data_ptr())
         save_file(state, str(folder / WEIGHTS_FILE))
         return folder
 

@@ -13,7 +13,8 @@ positions and validation top-k are the other families'. Per depth k < recipe.unr
     loss_k = feature_loss_weight * SmoothL1(pred, f_{t+k+1}) + teacher_loss_weight * softCE(LM(pred), LM(f_{t+k+1}))
              + lm_loss_weight * CE(LM(pred), x_{t+k+2})             summed with weights head_decay^k
 
-EAGLE-1 is unroll=1 (its own inputs are always the base's features, with uniform noise); unroll > 1 trains
+EAGLE-1 is unroll=1 (its own inputs are always the base's features, with uniform noise whose width its trainer
+scales by 512 / T for a conversation of T tokens: recipe.noise_width); unroll > 1 trains
 the deeper depths on the layer's own predictions, as EAGLE-3's training-time test does. EAGLE-3 reads the base's
 taps (the hidden cache holds them after the final state: base_hidden), its LM head reads module.readout(pred)
 (its final norm), and its recipe has no feature loss: each depth a soft cross-entropy to the base's distribution
@@ -45,7 +46,9 @@ class AutoregressiveFitModule(HeadsModule):
         h = heads.config.hidden_size
         hidden, features = (hidden[..., :h], hidden[..., h:]) if module.taps else (hidden, hidden)
         depths = min(r.unroll, heads.config.num_heads) if self.training else heads.config.num_heads
-        preds = module.unroll(features, batch["input_ids"], depths, r.feature_noise if self.training else 0.0)
+        lengths = batch.get("lengths", features.shape[1])                             # [B] tokens a row
+        noise = r.noise_width(lengths) if self.training and r.feature_noise else 0.0
+        preds = module.unroll(features, batch["input_ids"], depths, noise)
         total, per_head, extra = hidden.new_zeros(()), [], {}
         for k in range(heads.config.num_heads):
             b, t, target = head_positions(batch["labels"], k, batch.get("sources"))

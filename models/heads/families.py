@@ -75,6 +75,19 @@ class HydraInputBlock(nn.Module):
         return self.res_proj(x) + F.silu(self.linear(x))
 
 
+def share_res_blocks(blocks: nn.ModuleList) -> nn.ModuleList:
+    """Each head's ResBlocks made one module, applied in turn: what the authors' list multiplication builds
+    (Medusa's `[ResBlock] * L`; Hydra's `[ResBlock] * (L - 1)` after its input block, so a 4-layer Hydra++ head
+    has 2 distinct blocks). Changed in place and returned."""
+    for head in blocks:
+        first = None
+        for i, block in enumerate(head):
+            if isinstance(block, ResBlock):
+                first = block if first is None else first
+                head[i] = first
+    return blocks
+
+
 class HeadFamily:
     """The base: Medusa's behaviour. Subclasses override what differs."""
     name: ClassVar[str] = ""
@@ -96,7 +109,7 @@ class HeadFamily:
         return ()
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
-        # each block its own module: never `[ResBlock(h)] * L`, which shares one
+        # each block its own module (`[ResBlock(h)] * L` would share one; HeadsConfig.shared_blocks asks for that)
         return nn.ModuleList([nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)]) for _ in range(num_heads)])
 
     def head_input(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None, embed) -> torch.Tensor:

@@ -136,10 +136,10 @@ def _vllm_state(heads: DraftHeads, notes: list[str]) -> tuple[dict[str, torch.Te
 
 def _hydra_state(heads: DraftHeads, base, notes: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
     cfg = heads.config
-    if cfg.num_layers > 2:
-        raise ValueError(f"num_layers={cfg.num_layers}: the official Hydra code builds blocks 1..L-1 of a head as "
-                         "one module repeated ([ResBlock] * (L-1)), so heads with more than 2 distinct blocks "
-                         "(Hydra++'s recipe has 4) cannot load there")
+    if cfg.num_layers > 2 and not cfg.shared_blocks:
+        raise ValueError(f"num_layers={cfg.num_layers} with shared_blocks=false: the official Hydra code builds "
+                         "blocks 1..L-1 of a head as one module repeated ([ResBlock] * (L-1)), so heads with more "
+                         "than 2 distinct blocks cannot load there (train them with shared_blocks: true)")
     prefix = heads.family.prefix_layer
     step = 2 if prefix else 1      # prefix-mlp puts a Dropout before every block and before the LM head
     state = {}
@@ -297,7 +297,7 @@ def import_hydra(folder: str | Path, base_model) -> DraftHeads:
     num_heads, num_layers = int(meta["hydra_num_heads"]), int(meta["hydra_num_layers"])
     state.pop("input_embed_fn.weight", None)                       # the base embedding, saved along
     config = HeadsConfig.for_base(base_model, family="hydra_pp" if prefix else "hydra", num_heads=num_heads,
-                                  num_layers=num_layers)
+                                  num_layers=num_layers, shared_blocks=True)   # the official heads share blocks 1..L-1
     ours = {}
     for k in range(num_heads):
         at = f"hydra_mlp.{k}.{step - 1}"

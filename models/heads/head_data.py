@@ -58,14 +58,15 @@ class HeadsDataset(torch.utils.data.Dataset):
 
 
 def collate(items: list[dict], pad_id: int = 0) -> dict:
-    """Right padding: input_ids/labels [B, T], hidden [B, T, h] when present.
+    """Right padding: input_ids/labels [B, T], hidden [B, T, h] when present, lengths [B] (each row's own tokens).
 
     No attention mask: in a causal model a right-padded row's real tokens never see its pads.
     """
     T = max(len(x["input_ids"]) for x in items)
     B = len(items)
     out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-           "labels": torch.full((B, T), IGNORE_INDEX, dtype=torch.long)}
+           "labels": torch.full((B, T), IGNORE_INDEX, dtype=torch.long),
+           "lengths": torch.tensor([len(x["input_ids"]) for x in items], dtype=torch.long)}
     if "hidden" in items[0]:
         out["hidden"] = torch.zeros((B, T, items[0]["hidden"].shape[-1]), dtype=items[0]["hidden"].dtype)
     for b, x in enumerate(items):

@@ -121,6 +121,7 @@ class AutoregressiveRecipe(Recipe):
     """EAGLE, EAGLE-3 and a draft model: one module unrolled over its own predictions."""
     feature_loss_weight: float = 0.0    # SmoothL1 of the predicted feature to the base's
     feature_noise: float = 0.0          # width of the uniform noise on the input features while training
+    noise_reference_length: int | None = None   # set: a row of T tokens gets width feature_noise * this / T
     unroll: int = 1                     # depths trained (>1: each on the draft's own predicted features)
     draft_vocab_mask: bool = False      # positions whose label lies outside the draft vocabulary carry no loss
 
@@ -129,5 +130,15 @@ class AutoregressiveRecipe(Recipe):
         k = self.kind
         _check(k, "feature_loss_weight", self.feature_loss_weight, self.feature_loss_weight >= 0, "a number >= 0")
         _check(k, "feature_noise", self.feature_noise, self.feature_noise >= 0, "a number >= 0")
+        ref = self.noise_reference_length
+        _check(k, "noise_reference_length", ref, ref is None or (isinstance(ref, int) and not isinstance(ref, bool)
+               and ref >= 1), "null (a fixed width) or a whole number >= 1 (EAGLE's trainer: 512)")
         _check(k, "unroll", self.unroll, isinstance(self.unroll, int) and self.unroll >= 1,
                "a whole number >= 1 (the depths trained)")
+
+    def noise_width(self, length):
+        """The input-noise width of a row of `length` tokens (an int, or a tensor of one per row): feature_noise,
+        times noise_reference_length / length when that is set, as EAGLE's trainer scales it (512 / T)."""
+        if self.noise_reference_length is None:
+            return self.feature_noise
+        return self.feature_noise * self.noise_reference_length / length
