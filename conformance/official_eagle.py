@@ -5,7 +5,7 @@ conformance harness (pipelines/conformance_eagle.py). Runs ONLY in the EAGLE con
     .venv-conformance-eagle/bin/python conformance/official_eagle.py --model M --eagle E --work W [--threads 2]
 
 M: the base model folder as the project keeps it (transformers 5); E: an EAGLE layer exported in the authors'
-format (config.json + pytorch_model.bin with fc.*, layers.0.*, embed_tokens.weight: models/heads/eagle_format.py);
+format (config.json + pytorch_model.bin with fc.*, layers.0.*, embed_tokens.weight: models/methods/eagle/eagle_format.py);
 W: a scratch folder. It prints every fix it applies (stderr), then one JSON line on stdout ({"ready": true,
 "tree": the static tree's paths}), then reads request files from stdin, one path a line: a JSON object
 {"ids": [prompt ids], "max_new_tokens": n}. For each it decodes greedily with EaModel.eagenerate on the

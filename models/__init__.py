@@ -1,10 +1,12 @@
-"""Draft-head speculative decoding library.
+"""Speculative decoding library: one engine, one package per drafting method.
 
     models/base.py      loading a base model (a folder, a hub id, or a tiny random one for tests)
     models/engine/      the decoding engine: decode_step (decoding.py), trees, drafters, acceptance rules,
                         the pruned KV cache, the CPU fast paths
-    models/heads/       draft heads: the family registry (families.py), the modules, draft vocabulary,
-                        training (Lightning modules), their data and the hidden-state cache
+    models/methods/     one package per drafting method: medusa/ (Medusa-1/2), hydra/ (Hydra, Hydra++),
+                        eagle/ (EAGLE-1/3), draft_model/: modules, family, recipe kinds, formats, proposer
+    models/heads/       what the methods share: the module container (DraftHeads), the family, recipe and
+                        format registries, proposers and training bases, draft vocabulary, data, hidden cache
     models/data/        ShareGPT, chat-templated conversations, self-distillation and relabelling
     models/measure/     tree calibration, the verify-step latency profile, MT-Bench speed summaries
 

@@ -6,7 +6,7 @@ prompts and static tree. The official code runs in its own environment and proce
 dependencies, never a dependency of the project) runs conformance/official_eagle.py, which prints each fix it
 applies to the official code and answers request files with result files (JSON). The tree is the package's
 own static tree (eagle.model.choices.mc_sim_7b_63, 25 nodes), which the runner reports and we decode on too.
-The draft layer is one file in the authors' format (models/heads/eagle_format.py write_eagle_module): the
+The draft layer is one file in the authors' format (models/methods/eagle/eagle_format.py write_eagle_module): the
 official EaModel loads it, ours reads the same file back (read_eagle) and drafts over the full vocabulary with
 the base LM head, as the official drafter does. Two cases:
   golden   a layer from a seed (models/measure/conformance.py seeded_eagle_module), a few MT-Bench first turns:
@@ -31,10 +31,11 @@ import torch
 from models.base import load_base_model
 from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding
-from models.heads.eagle_format import read_eagle, write_eagle_module
+from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
 from models.hardware import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
-from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
+from models.heads.drafting import load_for_decoding
 from pipelines.common import REPO_ROOT, write_json
 from pipelines import conformance
 from pipelines.conformance import Official, _agrees, _paired, _tokens, baseline, official_env, prompts
@@ -149,7 +150,7 @@ def main(argv=None) -> dict:
     if "trained" not in args.skip and Path(args.heads).is_dir():
         model_t, heads, _ = load_for_decoding(args.heads, model, bf16_heads=False)   # float32: the authors' products
         plist = prompts(Path(args.questions_file), args.questions, tok)
-        _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads.family.draft_module(heads), plist,
+        _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads.draft_module, plist,
                                                  args.new_tokens, args.repeats, args)
         report["cases"]["trained"]["eagle"] = args.heads
     elif "trained" not in args.skip:

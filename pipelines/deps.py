@@ -6,8 +6,8 @@ inside functions count too). `--check` compares it with dvc.yaml and exits 1 nam
 that runs a file it does not depend on (a folder dep covers the files under it), and every code folder dep that
 holds a file its stage does not run (a folder dep is allowed where the stage runs all of it: a change to any other
 file would rerun the stage for nothing); without it, prints each stage's closure for pasting into dvc.yaml.
-The head families share one closure (models/heads/families.py imports every family's module), so the stages of
-one family's chain depend on the same code as another's.
+Every method's package is in every chain's closure (models/methods/__init__.py imports them all, so that a family
+named in a config is found), so the stages of one method's chain depend on the same code as another's.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from models.heads import ADAPTER_DIR, load_heads
 from models.heads.formats import FORMATS, export_heads, import_heads
+import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
 from pipelines.common import load_model, log, stage
 
 

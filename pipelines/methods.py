@@ -22,7 +22,8 @@ from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.heads import HeadsConfig, build_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
-from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
+from models.heads.drafting import load_for_decoding
 from pipelines.common import conf_option, log
 
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
@@ -164,7 +165,7 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
                 tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
             methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
-        module = heads.family.draft_module(heads)
+        module = heads.draft_module
         if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
             # a draft model: transformers' assisted generation with it (its own layers, the base's LM head)
             twin = module.to_causal_lm(base)

@@ -46,9 +46,10 @@ from pytorch_lightning.callbacks import LearningRateMonitor
 from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
 from models.heads.head_data import HeadsDataset, conversation_loader, target_positions, unigram_baseline, window_loader
 from models.heads.families import get_family
+import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
 from models.heads import HeadsConfig, build_heads
 from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
-from models.heads.joint_stage import JointCurve, backbone_drift
+from models.methods.medusa.joint_stage import JointCurve, backbone_drift
 from models.heads.schedules import plan_stages
 from models.heads.fitting import Throughput, fit_resumable
 from models.heads.training import IGNORE_INDEX, Recipe, on_gpu, resolve_precision

@@ -21,7 +21,7 @@ from models.engine.drafters import make_drafter
 from models.engine.taps import LayerTaps
 from models.heads import HeadsConfig, build_heads
 from models.heads.draft_vocab import most_frequent
-from models.heads.eagle3 import Eagle3Module, layer_config
+from models.methods.eagle.eagle3 import Eagle3Module, layer_config
 from models.heads.head_data import HeadsDataset, collate
 from models.heads.training import MODULES, Recipe
 from tests.test_decoding import TREES, cyclic_prompt, perturbed

@@ -165,7 +165,7 @@ def test_sequence_ranks_match_brute_force(family, draft_vocab):
         for i in range(R.shape[0]):
             t = start + i
             h = model.get_decoder()(input_ids=ids[None, :t + 1]).last_hidden_state
-            h = heads.prefix_forward(h, torch.arange(t + 1)[None])[0, -1]
+            h = heads.read_hidden(h, torch.arange(t + 1)[None])[0, -1]
             for d in range(1, 4):
                 if t + d > len(seq) - 1:
                     assert R[i, d - 1] == -1
@@ -258,7 +258,7 @@ def _fit_heads(model, heads, seqs, starts, steps=5, lr=1e-2):
         loss = 0.0
         for ids, h, greedy, start in data:
             T = ids.numel()
-            hid = heads.prefix_forward(h, torch.arange(T)[None])[0]
+            hid = heads.read_hidden(h, torch.arange(T)[None])[0]
             for d in range(1, heads.config.num_heads + 1):
                 t = torch.arange(start, T - d)
                 path = ids[t[:, None] + 1 + torch.arange(d)]

@@ -66,7 +66,7 @@ def test_our_eagle_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
     from models.engine.drafters import make_drafter
     from models.engine.fast_inference import prepare_for_decoding
-    from models.heads.eagle_format import read_eagle, write_eagle_module
+    from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
     from models.measure.conformance import record_steps
 
     g = golden()

@@ -58,14 +58,14 @@ class OracleHeads(nn.Module):
     """Proposes the baseline's own continuation: finds t by the nearest baseline hidden state.
 
     The snap must be exact: every hidden state the heads read (head_logits: the last accepted token's;
-    prefix_forward, Hydra++: every accepted position's) has to equal a baseline hidden state to float32
-    rounding (SNAP_TOL, relative), at the position the decoder says it is (prefix_forward's position_ids,
+    read_hidden, Hydra++: every accepted position's) has to equal a baseline hidden state to float32
+    rounding (SNAP_TOL, relative), at the position the decoder says it is (read_hidden's position_ids,
     Hydra's root = the baseline token after t). A decoder whose pruned KV cache drifts (wrong rows kept,
     stale rows, wrong position ids) fails here even where the nearest state would still give the right token.
 
     ranks[k]: the rank at which head k proposes the right token, the ranks above it wrong tokens; None: head k
     never proposes it (scored last). Default: rank 0 for every head. Other ranks are random tokens.
-    Same interface as DraftHeads (config, head_logits, prefix_forward).
+    Same interface as DraftHeads (config, head_logits, read_hidden).
     """
 
     SNAP_TOL = 1e-5     # measured: < 1e-6 on the tiny models (float32); pruned rows kept in fp16: 1e-5 - 1e-4
@@ -115,7 +115,7 @@ class OracleHeads(nn.Module):
                 logits[rows, (target + 1 + i) % V] = 100.0 + rank - i
         return logits.view(*hidden.shape[:-1], -1)
 
-    def prefix_forward(self, hidden, position_ids, cache=None):
+    def read_hidden(self, hidden, position_ids, cache=None):
         """Hydra++'s prefix layer, the identity here: every accepted position's hidden state is checked."""
         t = self.snap(hidden.reshape(-1, hidden.shape[-1]), "accepted positions")
         assert t.tolist() == position_ids.flatten().tolist(), \
@@ -306,7 +306,7 @@ def test_hydra_pp_prefix_state_is_incremental():
         drafter = started(heads, hidden[:9])
         drafter.advance(hidden[9:10], [], 9)
         drafter.advance(hidden[10:20], [], 10)
-        full = heads.prefix_forward(hidden[None], torch.arange(20)[None])[0, -1]
+        full = heads.read_hidden(hidden[None], torch.arange(20)[None])[0, -1]
     assert drafter.prefix_cache.get_seq_length() == 20
     torch.testing.assert_close(drafter.h, full, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(full, hidden[-1])          # the prefix layer is not the identity here

@@ -146,7 +146,7 @@ def fit_heads(model, heads, seq, start, steps=30, lr=3e-2):
     opt = torch.optim.Adam([p for p in heads.parameters() if p.requires_grad], lr=lr)
     heads.train()
     for _ in range(steps):
-        hid, loss = heads.prefix_forward(h, torch.arange(len(seq))[None])[0], 0.0
+        hid, loss = heads.read_hidden(h, torch.arange(len(seq))[None])[0], 0.0
         for d in range(1, heads.config.num_heads + 1):
             t = torch.arange(start, len(seq) - d)
             index = heads.to_draft_index(greedy[t + d])

@@ -1,4 +1,4 @@
-"""EAGLE-1 (models/heads/eagle.py, models/heads/autoregressive_proposer.py) on tiny random models: greedy decoding equals
+"""EAGLE-1 (models/methods/eagle/eagle.py, models/heads/autoregressive_proposer.py) on tiny random models: greedy decoding equals
 the baseline, the draft cache holds exactly the accepted pairs (equal to one run over the whole sequence), every
 drafted node is what the draft layer run from scratch over its path proposes, rewinding restores the state, and
 make_drafter names what is missing."""
@@ -10,9 +10,9 @@ import torch
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, time_step
 from models.engine.drafters import DraftContext, make_drafter
-from models.heads.autoregressive_proposer import EagleDrafter
+from models.methods.eagle.drafting import EagleDrafter
 from models.engine.trees import TreeBuffers, tree_from_config
-from models.heads.eagle import EagleModule
+from models.methods.eagle.eagle import EagleModule
 from tests.lossless_rule import assert_greedy_lossless
 from tests.test_decoding import TREES, cyclic_prompt, prompt_ids
 from tests.tolerances import reduction_tolerance

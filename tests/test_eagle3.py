@@ -1,4 +1,4 @@
-"""EAGLE-3 as a head family (models/heads/eagle3.py, models/engine/taps.py, family eagle3): the taps are transformers'
+"""EAGLE-3 as a head family (models/methods/eagle/eagle3.py, models/engine/taps.py, family eagle3): the taps are transformers'
 hidden states at EAGLE-3's layers; the module fuses them with fc, runs its layer as documented and reads out through
 its own final norm; the decode step hands the drafter the same taps training and calibration read (every drafted
 step's proposals equal unroll's along the decoded sequence); it learns every unrolled depth and reloads identically;
@@ -24,7 +24,7 @@ from models.engine.taps import LayerTaps, eagle3_taps, final_and_taps
 from models.engine.trees import tree_from_config
 from models.heads import HeadsConfig, build_heads, get_family, load_heads
 from models.heads.draft_vocab import most_frequent
-from models.heads.eagle3 import Eagle3Layer, Eagle3Module
+from models.methods.eagle.eagle3 import Eagle3Layer, Eagle3Module
 from models.heads.fitting import fit_resumable
 from models.heads.head_data import HeadsDataset, conversation_loader
 from models.heads.hidden_cache import HiddenCache, cache_key
@@ -221,7 +221,7 @@ def test_eagle3_heads_save_their_module_and_one_lm_head_without_bias():
     lm = heads.lm_heads[0].weight
     assert not torch.allclose(lm, model.get_output_embeddings().weight[heads.draft_ids], atol=1e-2)
     assert float(lm.abs().max()) <= model.config.hidden_size ** -0.5
-    assert heads.family.autoregressive and heads.family.draft_module(heads) is heads.eagle3
+    assert heads.family.autoregressive and heads.draft_module is heads.eagle3
     assert heads.eagle3.taps == DEEP_TAPS
 
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 heads exported to the layout vLLM's and SGLang's EAGLE-3 loaders read (models/heads/eagle3_format.py):
+"""EAGLE-3 heads exported to the layout vLLM's and SGLang's EAGLE-3 loaders read (models/methods/eagle/eagle3_format.py):
 the exact key names and shapes, the config fields, d2t/t2d against the draft vocabulary, one position computed from
 the file as those loaders compute it, the round trip (the same logits, the same drafts) and what is refused."""
 from __future__ import annotations

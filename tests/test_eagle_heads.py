@@ -1,4 +1,4 @@
-"""EAGLE as a head family (models/heads/families.py Eagle, models/heads/eagle_training.py): it learns and
+"""EAGLE as a head family (models/methods/eagle/family.py Eagle, models/heads/autoregressive_training.py): it learns and
 round-trips through load_heads with its draft vocabulary, decodes losslessly through the same drafters as the
 other families (a tree, a tree cut per step by cost, prompt lookup merged in), calibration ranks it along its
 own drafts, and the train stage trains it from conf/heads/eagle.yaml (tiny model, synthetic data)."""
@@ -152,7 +152,7 @@ def test_the_train_stage_trains_eagle_from_its_config(stage_cfg, tmp_path):  # n
 def test_a_draft_model_of_every_base_layer_is_the_base_model_one_position_down():
     """DraftModel reads the pair (f_t, x_{t+1}) as the token x_{t+1} at position t: with all the base's layers it
     computes what the base computes over the sequence without its first token (rotary attention sees offsets)."""
-    from models.heads.draft_model import DraftModel, spread_layers
+    from models.methods.draft_model.draft_model import DraftModel, spread_layers
 
     model, tok = build_tiny_model(seed=2)
     L = model.config.num_hidden_layers
@@ -194,7 +194,7 @@ def test_the_draft_models_transformers_twin_drafts_for_assisted_generation():
     """to_causal_lm: the same layers as a transformers model (every token at its own position) — with all the
     base's layers it is the base; transformers' assisted generation with it reproduces greedy decoding, and the
     counted steps account for every new token after the prefill's."""
-    from models.heads.draft_model import DraftModel
+    from models.methods.draft_model.draft_model import DraftModel
     from models.measure.peers import assisted_generate
 
     model, tok = build_tiny_model(seed=2)

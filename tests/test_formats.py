@@ -51,10 +51,10 @@ def assert_same_drafts(a, b, model, tok):
     for pa, pb in zip(draft_distributions(a, model), draft_distributions(b, model)):
         torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)
         assert torch.equal(pa.topk(3).indices, pb.topk(3).indices)
-    if a.prefix_layer is not None:
+    if a.family.prefix_layer:
         h = torch.randn(1, 6, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
         with torch.no_grad():
-            torch.testing.assert_close(a.prefix_forward(h, torch.arange(6)[None]), b.prefix_forward(h, torch.arange(6)[None]))
+            torch.testing.assert_close(a.read_hidden(h, torch.arange(6)[None]), b.read_hidden(h, torch.arange(6)[None]))
     ids = prompt_ids(tok)
     base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
     runs = [generate(model, tok, ids, heads_drafter(x, chain_tree(3)), max_new_tokens=24, stop_token_ids=[]) for x in (a, b)]
@@ -213,8 +213,8 @@ def test_a_bare_eagle_module_exports_as_eagle_llm_reads_it(tiny, tmp_path):
     """write_eagle_module: the names and shapes eagle-llm 1.2.1's cnets.Model holds (strict load: fc with bias,
     layers.0 without input_layernorm, embed_tokens), a one-layer LlamaConfig of the base's sizes with the rotary
     base under rope_theta, and the same layer read back."""
-    from models.heads.eagle import EagleModule
-    from models.heads.eagle_format import read_eagle, write_eagle_module
+    from models.methods.eagle.eagle import EagleModule
+    from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
 
     model, _ = tiny
     eagle = EagleModule.from_base(model, seed=2)

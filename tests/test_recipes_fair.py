@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from models.heads import HeadsConfig, build_heads, load_heads
-from models.heads.eagle import EagleModule
+from models.methods.eagle.eagle import EagleModule
 from models.heads.recipes import Recipe
 
 FRESH_LR = 1e-3          # the lr rule: fresh drafter weights train at this at least
@@ -145,7 +145,7 @@ def test_unroll_adds_each_row_its_own_noise_width(tiny_model):
 def test_the_eagle_trainer_reads_each_rows_length(tiny_model, monkeypatch):
     """AutoregressiveFitModule passes recipe.noise_width(batch lengths) to unroll while training, no noise in eval;
     collate gives every row its own length."""
-    from models.heads.eagle_training import AutoregressiveFitModule
+    from models.heads.autoregressive_training import AutoregressiveFitModule
     from models.heads.head_data import collate
 
     model, _ = tiny_model
@@ -156,7 +156,7 @@ def test_the_eagle_trainer_reads_each_rows_length(tiny_model, monkeypatch):
     batch = collate([{"input_ids": torch.arange(2, 2 + n), "labels": torch.arange(2, 2 + n)} for n in (8, 16)])
     assert batch["lengths"].tolist() == [8, 16]
     noises = []
-    module = heads.family.draft_module(heads)
+    module = heads.draft_module
     unroll = module.unroll
     monkeypatch.setattr(module, "unroll", lambda *a: noises.append(a[3]) or unroll(*a))
     fit.train()

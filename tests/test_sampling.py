@@ -145,7 +145,7 @@ class NoisyModelHeads(torch.nn.Module):
         noise = torch.randn(logits.shape, generator=torch.Generator().manual_seed(int(path_tokens.sum())))
         return logits + self.noise * noise
 
-    def prefix_forward(self, hidden, position_ids, cache=None):
+    def read_hidden(self, hidden, position_ids, cache=None):
         return hidden
 
 

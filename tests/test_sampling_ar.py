@@ -20,7 +20,7 @@ import torch
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
 from models.engine.drafters import TreeDrafter, heads_drafter
-from models.heads.autoregressive_proposer import EagleDrafter
+from models.methods.eagle.drafting import EagleDrafter
 from models.heads import HeadsConfig, build_heads
 from models.heads.draft_vocab import most_frequent
 from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, first_tokens_distribution, make_setup
@@ -119,7 +119,7 @@ def eagle_heads(setup):
 
 def bare_eagle(setup):
     """A bare EagleModule scored by the base LM head over the full vocabulary (make_drafter kind eagle)."""
-    from models.heads.eagle import EagleModule
+    from models.methods.eagle.eagle import EagleModule
 
     eagle = EagleModule.from_base(setup[0], seed=0)
     eagle_like_the_base(setup[0], eagle)

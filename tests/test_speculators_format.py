@@ -1,4 +1,4 @@
-"""EAGLE-3 heads exported as a speculators checkpoint (models/heads/speculators_format.py), without the library: the
+"""EAGLE-3 heads exported as a speculators checkpoint (models/methods/eagle/speculators_format.py), without the library: the
 draft the library ran on a seeded export (tests/golden/speculators_interop.json, written by `make interop`) is ours
 to 1e-5 with the same argmax; the file's names, shapes and tensors; every config field read back, with
 norm_before_residual written out; and what is refused."""

@@ -126,7 +126,7 @@ def test_only_assistant_targets_count(kind, tiny_model):
     loss, per_head, _ = module.compute(batch)
     with torch.no_grad():
         base = model.get_decoder()(input_ids=ids).last_hidden_state      # [1, T, h]
-        hidden = heads.prefix_forward(base, torch.arange(ids.shape[1])[None])[0]
+        hidden = heads.read_hidden(base, torch.arange(ids.shape[1])[None])[0]
         teacher = torch.softmax(model.get_output_embeddings()(base[0, p - 1]), -1)
         expected = 0.0
         for k in range(3):
@@ -171,7 +171,7 @@ def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_m
     loss, per_head, _ = module.compute(batch)
     with torch.no_grad():
         base = model.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state          # [B, T, h]
-        hidden = heads.prefix_forward(base, torch.arange(base.shape[1]).expand(base.shape[:2]))
+        hidden = heads.read_hidden(base, torch.arange(base.shape[1]).expand(base.shape[:2]))
         expected, outside = 0.0, 0
         for k in range(3):
             b, t, target = head_positions(batch["labels"], k)
@@ -262,7 +262,7 @@ class Snapshots(pl.Callback):
 
 
 def test_best_val_epoch_weights_are_kept_and_survive_a_resume(tmp_path):
-    from models.heads.training import Medusa1Module
+    from models.methods.medusa.training import Medusa1Module
 
     class ScriptedVal(Medusa1Module):                     # val top-1 of head 0: 0.2, 0.5, 0.3 by epoch
         def validation_step(self, batch, batch_idx):
@@ -360,7 +360,7 @@ def test_hydra_pp_prefix_layer_ends_in_its_own_rmsnorm(tiny_model, tmp_path):
     heads = draft_heads("hydra_pp", model, torch.arange(10))
     with torch.no_grad():
         heads.prefix_norm.weight.fill_(2.5)
-        out = heads.prefix_forward(torch.randn(2, 7, model.config.hidden_size), torch.arange(7).expand(2, 7))
+        out = heads.read_hidden(torch.randn(2, 7, model.config.hidden_size), torch.arange(7).expand(2, 7))
     assert torch.allclose(out.pow(2).mean(-1).sqrt(), torch.full((2, 7), 2.5), atol=1e-3)
     # a checkpoint without the norm (the earlier layout) is refused, naming the missing weight
     from safetensors.torch import load_file, save_file
@@ -397,7 +397,7 @@ def test_family_learns_and_reloads_identically(kind, tmp_path):
     pos = torch.arange(5).expand(2, 5)
     path = torch.randint(0, model.config.vocab_size, (2, 5, 3))
     with torch.no_grad():
-        a, b = heads.prefix_forward(h, pos), loaded.prefix_forward(h, pos)
+        a, b = heads.read_hidden(h, pos), loaded.read_hidden(h, pos)
         assert torch.equal(a, b)
         for k in range(3):
             p = path[..., :k + 1] if kind != "medusa1" else None
@@ -611,7 +611,8 @@ def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
 
     from models.engine.decoding import generate
     from models.engine.trees import tree_from_config
-    from models.heads.families import FAMILIES, Hydra, HydraInputBlock, register_family
+    from models.heads.families import FAMILIES, register_family
+    from models.methods.hydra.family import Hydra, HydraInputBlock
     from pipelines.train import run_train
 
     @register_family
@@ -663,7 +664,8 @@ def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
 def test_each_recipe_kind_has_its_own_fields_checked_when_made():
     """One dataclass per kind's needs: a field another kind has is refused, a bad value names the field, the value
     and what is accepted; a heads-only stage of Medusa-2 keeps the fields both kinds share."""
-    from models.heads.recipes import AutoregressiveRecipe, Medusa2Recipe
+    from models.heads.recipes import AutoregressiveRecipe
+    from models.methods.medusa.training import Medusa2Recipe
 
     assert type(Recipe(kind="hydra")) is Recipe and type(Recipe(kind="medusa2")) is Medusa2Recipe
     assert type(Recipe.from_dict({"kind": "eagle3", "unroll": 3})) is AutoregressiveRecipe

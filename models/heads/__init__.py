@@ -12,6 +12,7 @@ draft head k (k = 0..K-1) at position t predicts token t+k+2.
     token_ids = heads.to_token_ids(logits.topk(10).indices)
     heads.head_logits(k, h_t, path_tokens)            # [..., V]: the same, -inf outside the draft vocabulary
     heads.save("results/heads/hydra");  model, heads = load_heads("results/heads/hydra", model)
+    heads.read_hidden(hidden, position_ids)           # what the heads read of the base's states (Hydra++: its prefix layer)
 
 Draft vocabulary (draft_vocab_size, None = the full vocabulary): the heads' LM heads output logits over
 `draft_ids` only. With share_lm_head they are the frozen base LM head's rows for those ids (buffers rebuilt
@@ -20,4 +21,4 @@ with the weights and checked against the base model on load.
 """
 from models.heads.draft_heads import (ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig,  # noqa: F401
                                       build_heads, check_compatible, load_heads)
-from models.heads.families import FAMILIES, HydraInputBlock, ResBlock, get_family  # noqa: F401
+from models.heads.families import FAMILIES, ResBlock, get_family  # noqa: F401

@@ -1,6 +1,7 @@
-"""The autoregressive drafters' proposer (EAGLE-1, EAGLE-3, a draft model): the draft module (models/heads/
-eagle.py, eagle3.py, draft_model.py) run over its own predicted features, one batched forward per depth of the
-frontier (registered with the engine by models/heads/drafting.py; the protocol: models/engine/drafters/proposer.py):
+"""The autoregressive drafters' proposer (EAGLE-1, EAGLE-3, a draft model): the draft module (models/methods/eagle/
+eagle.py, eagle3.py, models/methods/draft_model/draft_model.py) run over its own predicted features, one batched
+forward per depth of the frontier (registered with the engine by each method's drafting.py; the protocol:
+models/engine/drafters/proposer.py):
 
     drafter = make_drafter({"kind": "heads", "tree": spec}, heads=eagle_heads)   # a DraftHeads of family eagle:
                                                                                  # its LM head, draft vocabulary
@@ -28,25 +29,23 @@ from __future__ import annotations
 
 import torch
 
-from models.engine.drafters.base import AdvanceHistory, DraftContext, register_drafter
+from models.engine.drafters.base import AdvanceHistory, DraftContext
 from models.engine.drafters.proposer import Frontier
-from models.engine.drafters.tree import TreeDrafter
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
-from models.engine.trees import TreeBuffers, TreeSpec
 
-__all__ = ["AutoregressiveProposer", "EagleDrafter"]
+__all__ = ["AutoregressiveProposer"]
 
 
 class AutoregressiveProposer:
-    """The draft layer's state and proposals. heads: a DraftHeads of the eagle family (its layer, its LM head
-    over the draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full
-    vocabulary with the model's logit transform."""
+    """The draft layer's state and proposals. heads: an AutoregressiveHeads (its draft_module, its LM head over the
+    draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full vocabulary
+    with the model's logit transform."""
 
     def __init__(self, heads=None, eagle=None):
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
-        self.eagle = heads.family.draft_module(heads) if heads is not None else eagle    # any AutoregressiveDraft
+        self.eagle = heads.draft_module if heads is not None else eagle    # any AutoregressiveDraft
         self.max_depth = None                  # the layer runs over its own outputs: as deep as a tree asks
         self.taps = self.eagle.taps            # EAGLE-3: the decode step hands it these base states, not the final
         if heads is not None:
@@ -132,30 +131,3 @@ class AutoregressiveProposer:
     def end(self) -> None:
         self.cache.crop(self.accepted - self.cache.get_seq_length())                            # drafted rows off
         self.pred, self.run = None, None
-
-
-class EagleDrafter(TreeDrafter):
-    """A bare EagleModule (no DraftHeads) on a tree: the base LM head over the full vocabulary (conformance with
-    the official code, tests). cache and feature are its proposer's."""
-
-    def __init__(self, eagle, tree: TreeSpec | TreeBuffers, want_probs: bool = False,
-                 step_cost: list[float] | None = None):
-        super().__init__(None, tree, step_cost, want_probs, proposer=AutoregressiveProposer(eagle=eagle))
-
-    @property
-    def cache(self):
-        return self.proposer.cache
-
-    @property
-    def feature(self) -> torch.Tensor:
-        return self.proposer.feature
-
-
-@register_drafter("eagle")
-def build_eagle(spec: dict, eagle=None, **_) -> EagleDrafter:
-    """spec: tree (TreeSpec or TreeBuffers), want_probs, step_cost (optional); eagle: models.heads.eagle.EagleModule."""
-    missing = [what for what, have in (("eagle=EagleModule(...)", eagle is not None),
-                                       ("a tree in its spec", spec.get("tree") is not None)) if not have]
-    if missing:
-        raise ValueError(f"an eagle drafter needs {' and '.join(missing)}")
-    return EagleDrafter(eagle, spec["tree"], bool(spec.get("want_probs", False)), spec.get("step_cost"))

@@ -1,5 +1,6 @@
-"""DraftHeads: the K heads of one family as one module, their config, building, saving and loading
-(the package docstring, models/heads/__init__.py, shows the use)."""
+"""DraftHeads: a method's trained module (the K heads of one family, or an autoregressive method's draft module beside
+its LM head), its config, building, saving and loading (the package docstring, models/heads/__init__.py, shows the
+use). build_heads and load_heads make the family's heads_class (a subclass a method defines in its own package)."""
 from __future__ import annotations
 
 import json
@@ -57,11 +58,14 @@ class HeadsConfig:
 
 
 class DraftHeads(nn.Module):
-    """All K heads of one family. The base model's embedding and LM head are referenced, never saved.
+    """All K heads of one family, or the module of an autoregressive one. The base model's embedding and LM head are
+    referenced, never saved. Dropout runs before every block and before the LM head.
 
-    Hydra++ (docs/reference.md#heads): dropout before every block and before the LM head; the prefix
-    layer is a 1-layer decoder model over the base's final hidden states, with its own final RMSNorm.
+    A method whose module holds more than the heads subclasses it (its family's `heads_class`): it declares its own
+    submodules in __init__ and builds them from the base in build_parts (Hydra++: its prefix layer,
+    models/methods/hydra/prefix.py; EAGLE: its layer, models/methods/eagle/family.py).
     """
+    draft_module = None       # an autoregressive method's module, run over its own outputs (models/heads/autoregressive.py)
 
     def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None):
         super().__init__()
@@ -93,8 +97,6 @@ class DraftHeads(nn.Module):
         self.register_buffer("base_rows_weight", None, persistent=False)   # [Vd, h]
         self.register_buffer("base_rows_bias", None, persistent=False)     # [Vd] when the base LM head has a bias
         self._frozen_linear: dict = {}
-        self.prefix_layer = None
-        self.prefix_norm = None
         self._base = {}
         if base_model is not None:
             self.attach(base_model, init_from_base=True)
@@ -111,7 +113,7 @@ class DraftHeads(nn.Module):
             base_b = getattr(lm_head, "bias", None)
             self.base_rows_weight = lm_head.weight.detach()[ids].clone()
             self.base_rows_bias = None if base_b is None else base_b.detach()[ids].clone()
-        self.family.build_extra(self, base_model)       # a family's own modules (Hydra++: its prefix layer)
+        self.build_parts(base_model)                    # a subclass's own modules (Hydra++: its prefix layer)
         if init_from_base and self.lm_heads is not None and self.family.lm_head_from_base:
             weight, bias = self.base_output_weights()
             with torch.no_grad():
@@ -124,6 +126,11 @@ class DraftHeads(nn.Module):
                     else:
                         lin.bias.zero_()
         return self
+
+    def build_parts(self, base_model) -> None:
+        """A subclass's own modules beside the heads' blocks, made from the base model on the first attach (a later
+        attach keeps them); after the heads' blocks and LM heads, before the LM heads are copied from the base.
+        None here."""
 
     @property
     def is_attached(self) -> bool:
@@ -206,28 +213,10 @@ class DraftHeads(nn.Module):
         weight, bias = self.base_output_weights()
         return F.linear(hidden.to(weight.dtype), weight, bias)
 
-    # -- Hydra++ prefix layer ------------------------------------------------------------------
-    def prefix_forward(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """Hydra++: the extra decoder layer and its final norm over base hidden states, causal. [B, T, h] -> [B, T, h].
-
-        With a `cache` (a transformers DynamicCache of one layer), earlier positions come from it.
-        Other families return `hidden` unchanged.
-        """
-        if self.prefix_layer is None:
-            return hidden
-        self._require_base()
-        B, T, _ = hidden.shape
-        past = cache.get_seq_length() if cache is not None else 0
-        dtype = self.prefix_layer.self_attn.o_proj.weight.dtype
-        x = hidden.to(dtype)
-        causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        mask = torch.zeros(B, 1, T, past + T, dtype=dtype, device=x.device)
-        mask.masked_fill_(~causal, torch.finfo(dtype).min)
-        pos_emb = self._base["rotary"](x, position_ids)
-        out = self.prefix_layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                                use_cache=cache is not None, position_embeddings=pos_emb)
-        out = out[0] if isinstance(out, tuple) else out
-        return self.prefix_norm(out).to(hidden.dtype)
+    def read_hidden(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """What the heads read of the base's hidden states [B, T, h] at position_ids [B, T]: the states themselves. A
+        method that runs a layer over them first overrides it (Hydra++: its prefix layer, with its own KV cache)."""
+        return hidden
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
@@ -244,8 +233,13 @@ class DraftHeads(nn.Module):
         return folder
 
 
+def heads_class(config: HeadsConfig) -> type[DraftHeads]:
+    """The module class of config.family: DraftHeads, or the subclass its family names."""
+    return get_family(config.family).heads_class or DraftHeads
+
+
 def build_heads(config: HeadsConfig, base_model, draft_ids: torch.Tensor | None = None) -> DraftHeads:
-    return DraftHeads(config, base_model, draft_ids)
+    return heads_class(config)(config, base_model, draft_ids)
 
 
 def check_compatible(config: HeadsConfig, base_model, source: str = "heads") -> None:
@@ -278,8 +272,8 @@ def load_heads(folder: str | Path, base_model):
         from peft import PeftModel
 
         base_model = PeftModel.from_pretrained(base_model, str(folder / ADAPTER_DIR)).merge_and_unload().eval()
-    heads = DraftHeads(config, draft_ids=draft_ids if config.draft_vocab_size is not None else None)
-    heads.attach(base_model)  # creates the Hydra++ prefix layer so its weights have a place to load into
+    heads = heads_class(config)(config, draft_ids=draft_ids if config.draft_vocab_size is not None else None)
+    heads.attach(base_model)  # builds a subclass's own modules (build_parts) so its weights have a place to load into
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:  # checked by hand to name the keys: a partial load must never pass silently
         raise ValueError(f"{folder / WEIGHTS_FILE} does not match a {config.family} heads module: "

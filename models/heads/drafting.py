@@ -1,35 +1,17 @@
-"""The head methods' proposers, registered with the engine: import this module where heads decode (the engine
-asks registered factories for a proposer and never imports a method; training does not need them). EAGLE,
-EAGLE-3, the draft model and their subclasses draft with AutoregressiveProposer; Medusa, Hydra, Hydra++ and
-theirs with HeadsProposer.
+"""Trained heads made ready to decode: loaded, a LoRA adapter saved with them merged, both packed. The proposers come
+from the methods' packages (models/methods/), registered with the engine when they are imported; any heads built
+through their family have imported them.
 
-    import models.heads.drafting  # noqa: F401
-    drafter = heads_drafter(heads, tree)
     model, heads, adapted = load_for_decoding("results/heads/medusa2", base, keep_base=True)   # LoRA merged, packed
+    drafter = make_drafter({"kind": "heads", "tree": spec}, heads=heads)
 """
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
-from models.engine.drafters.proposer import register_proposer
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.heads.draft_heads import ADAPTER_DIR, load_heads
-from models.heads.autoregressive_proposer import AutoregressiveProposer
-from models.heads.families import FAMILIES, AutoregressiveFamily, Hydra, Medusa
-from models.heads.proposers import HeadsProposer
-
-
-@register_proposer
-def family_proposer(heads):
-    """The proposer of heads of these families or their subclasses; None for others (a family of another
-    lineage registers its own proposer)."""
-    family = FAMILIES.get(getattr(getattr(heads, "config", None), "family", None))
-    if isinstance(family, AutoregressiveFamily):
-        return AutoregressiveProposer(heads=heads)
-    if isinstance(family, (Medusa, Hydra)):
-        return HeadsProposer(heads)
-    return None
 
 
 def load_for_decoding(folder: str | Path, base, keep_base: bool = False, bf16_heads: bool | None = None):

@@ -1,5 +1,6 @@
 """The draft heads' proposer (Medusa, Hydra, Hydra++ and their subclasses; registered with the engine by
-models/heads/drafting.py; models/engine/drafters/proposer.py: the protocol, select_children and the tree walk).
+their methods' drafting.py, models/methods/medusa/ and hydra/; models/engine/drafters/proposer.py: the protocol,
+select_children and the tree walk).
 
     proposer = proposer_for(heads)                  # HeadsProposer for heads of a non-autoregressive family
     proposer.start(ctx); logits = proposer.scores(frontier)                # [P or 1, Vd]
@@ -27,7 +28,8 @@ from models.heads.families import get_family
 
 
 class HeadsProposer:
-    """heads: a DraftHeads, or any object with its config, head_logits (and prefix_forward for Hydra++)."""
+    """heads: a DraftHeads, or any object with its config, head_logits (and read_hidden when its family has a
+    prefix_layer: Hydra++)."""
     taps = ()
 
     def __init__(self, heads):
@@ -67,7 +69,7 @@ class HeadsProposer:
             h = hidden[-1]
         else:
             pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
-            h = self.heads.prefix_forward(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
+            h = self.heads.read_hidden(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
         self.h = h if self.dtype is None else h.to(self.dtype)
         self.history.push(position + hidden.shape[0], self.h)
 

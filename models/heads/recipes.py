@@ -1,5 +1,6 @@
 """Training recipes, typed: the knobs every method's training has (Recipe), and one dataclass per method that has
-more (Medusa-2's joint stage, the autoregressive drafters' unrolled training). A recipe is checked when it is
+more (Medusa-2's joint stage: models/methods/medusa/training.py Medusa2Recipe; the autoregressive drafters' unrolled
+training, shared by EAGLE, EAGLE-3 and the draft model: AutoregressiveRecipe here). A recipe is checked when it is
 made, and an error names the field, its value and what is accepted.
 
     recipe = Recipe(kind="hydra", lr=1e-3)                 # -> Recipe: the kind's own type (register_recipe)
@@ -8,7 +9,8 @@ made, and an error names the field, its value and what is accepted.
     Recipe(kind="medusa1", unroll=2)                       # ValueError: medusa1 takes no unroll; it takes ...
     heads_only = recipe.as_kind("medusa1", lr=1e-3)        # the fields the other kind shares, changed where given
 
-The kinds register their type with their LightningModule (models/heads/training.py register_recipe); the loss
+The kinds register their type with their LightningModule in their method's package (models/heads/training.py
+register_recipe); the loss
 terms every recipe has (lm_loss_weight: CE against the data's token; teacher_loss_weight: soft CE against the
 frozen base's distribution) are the same for every method.
 """
@@ -18,8 +20,8 @@ import importlib
 from dataclasses import asdict, dataclass, fields
 
 RECIPE_TYPES: dict[str, type["Recipe"]] = {}        # recipe kind -> its dataclass
-# modules whose LightningModules register recipe kinds (a Recipe of a kind not yet seen imports them)
-RECIPE_MODULES = ("models.heads.training", "models.heads.eagle_training")
+# the package whose methods register their recipe kinds (a Recipe of a kind not yet seen imports it)
+RECIPE_MODULES = ("models.methods",)
 
 
 def recipe_type(kind) -> type["Recipe"]:
@@ -32,7 +34,7 @@ def recipe_type(kind) -> type["Recipe"]:
     return RECIPE_TYPES[kind]
 
 
-def _check(kind: str, name: str, value, ok: bool, accepted: str) -> None:
+def check_field(kind: str, name: str, value, ok: bool, accepted: str) -> None:
     if not ok:
         raise ValueError(f"recipe {kind!r}: {name}={value!r} is not accepted; {name} takes {accepted}")
 
@@ -71,17 +73,17 @@ class Recipe:
         if not isinstance(self, want):
             raise ValueError(f"recipe kind {self.kind!r} is a {want.__name__}, not a {type(self).__name__}")
         k = self.kind
-        _check(k, "lr", self.lr, self.lr > 0, "a positive number")
-        _check(k, "weight_decay", self.weight_decay, self.weight_decay >= 0, "a number >= 0")
-        _check(k, "warmup_ratio", self.warmup_ratio, 0 <= self.warmup_ratio <= 1, "a number in [0, 1]")
-        _check(k, "warmup_steps", self.warmup_steps, self.warmup_steps is None or self.warmup_steps >= 0,
+        check_field(k, "lr", self.lr, self.lr > 0, "a positive number")
+        check_field(k, "weight_decay", self.weight_decay, self.weight_decay >= 0, "a number >= 0")
+        check_field(k, "warmup_ratio", self.warmup_ratio, 0 <= self.warmup_ratio <= 1, "a number in [0, 1]")
+        check_field(k, "warmup_steps", self.warmup_steps, self.warmup_steps is None or self.warmup_steps >= 0,
                "null or a whole number >= 0")
-        _check(k, "max_warmup_ratio", self.max_warmup_ratio,
+        check_field(k, "max_warmup_ratio", self.max_warmup_ratio,
                self.max_warmup_ratio is None or 0 <= self.max_warmup_ratio <= 1, "null or a number in [0, 1]")
-        _check(k, "min_lr_ratio", self.min_lr_ratio, 0 <= self.min_lr_ratio <= 1, "a number in [0, 1]")
-        _check(k, "head_decay", self.head_decay, self.head_decay > 0, "a positive number")
+        check_field(k, "min_lr_ratio", self.min_lr_ratio, 0 <= self.min_lr_ratio <= 1, "a number in [0, 1]")
+        check_field(k, "head_decay", self.head_decay, self.head_decay > 0, "a positive number")
         for name in ("lm_loss_weight", "teacher_loss_weight"):
-            _check(k, name, getattr(self, name), getattr(self, name) >= 0, "a number >= 0")
+            check_field(k, name, getattr(self, name), getattr(self, name) >= 0, "a number >= 0")
 
     def head_weight(self, k: int) -> float:
         """Weight of head k's loss (k from 0): head_decay^(k + head_decay_offset)."""
@@ -99,24 +101,6 @@ class Recipe:
 
 
 @dataclass
-class Medusa2Recipe(Recipe):
-    """Medusa-2: the backbone trained jointly through LoRA adapters."""
-    head_lr_multiplier: float = 1.0     # heads lr = lr * this
-    medusa_lambda: float = 0.2          # weight of the heads' loss
-    lambda_schedule: str = "sine"       # sine | constant
-    lm_loss: str = "kl"                 # kl (to the adapters-off model) | ce (to the labels)
-
-    def __post_init__(self):
-        super().__post_init__()
-        k = self.kind
-        _check(k, "head_lr_multiplier", self.head_lr_multiplier, self.head_lr_multiplier > 0, "a positive number")
-        _check(k, "medusa_lambda", self.medusa_lambda, self.medusa_lambda >= 0, "a number >= 0")
-        _check(k, "lambda_schedule", self.lambda_schedule, self.lambda_schedule in ("sine", "constant"),
-               "sine or constant")
-        _check(k, "lm_loss", self.lm_loss, self.lm_loss in ("kl", "ce"), "kl (self-distilled data) or ce")
-
-
-@dataclass
 class AutoregressiveRecipe(Recipe):
     """EAGLE, EAGLE-3 and a draft model: one module unrolled over its own predictions."""
     feature_loss_weight: float = 0.0    # SmoothL1 of the predicted feature to the base's
@@ -128,12 +112,12 @@ class AutoregressiveRecipe(Recipe):
     def __post_init__(self):
         super().__post_init__()
         k = self.kind
-        _check(k, "feature_loss_weight", self.feature_loss_weight, self.feature_loss_weight >= 0, "a number >= 0")
-        _check(k, "feature_noise", self.feature_noise, self.feature_noise >= 0, "a number >= 0")
+        check_field(k, "feature_loss_weight", self.feature_loss_weight, self.feature_loss_weight >= 0, "a number >= 0")
+        check_field(k, "feature_noise", self.feature_noise, self.feature_noise >= 0, "a number >= 0")
         ref = self.noise_reference_length
-        _check(k, "noise_reference_length", ref, ref is None or (isinstance(ref, int) and not isinstance(ref, bool)
+        check_field(k, "noise_reference_length", ref, ref is None or (isinstance(ref, int) and not isinstance(ref, bool)
                and ref >= 1), "null (a fixed width) or a whole number >= 1 (EAGLE's trainer: 512)")
-        _check(k, "unroll", self.unroll, isinstance(self.unroll, int) and self.unroll >= 1,
+        check_field(k, "unroll", self.unroll, isinstance(self.unroll, int) and self.unroll >= 1,
                "a whole number >= 1 (the depths trained)")
 
     def noise_width(self, length):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.heads import eagle_training  # noqa: F401  (registers the "eagle" recipe)
-from models.heads.training import MODULES, Recipe
+from models.heads.training import Recipe, recipe_module
 
 
 @dataclass
@@ -24,7 +23,7 @@ class StagePlan:
 
     def module(self, heads, model):
         """The LightningModule of this stage (heads-only stages on the frozen model, a joint stage on a LoRA copy)."""
-        cls = MODULES[self.recipe.kind]
+        cls = recipe_module(self.recipe.kind)
         if self.lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -38,8 +37,10 @@ class StagePlan:
 def plan_stages(recipe: Recipe, epochs: int, stage1_fraction: float = 0.0, lora: dict | None = None,
                 joint_limit: int | None = None, joint_val_every: int | None = None) -> list[StagePlan]:
     """The stages of `recipe` over `epochs`. A recipe whose module trains the backbone (joint_backbone) runs
-    round(stage1_fraction * epochs) heads-only epochs first, at the heads' learning rate, then the rest jointly."""
-    if not MODULES[recipe.kind].joint_backbone:
+    round(stage1_fraction * epochs) heads-only epochs first (as its module's heads_only_kind), at the heads' learning
+    rate, then the rest jointly."""
+    module = recipe_module(recipe.kind)
+    if not module.joint_backbone:
         return [StagePlan("fit", recipe, epochs, recipe.kind)]
     if lora is None:
         raise ValueError(f"recipe {recipe.kind!r} trains the backbone through LoRA: give its lora settings "
@@ -47,7 +48,7 @@ def plan_stages(recipe: Recipe, epochs: int, stage1_fraction: float = 0.0, lora:
     stage1 = max(1, round(stage1_fraction * epochs)) if stage1_fraction > 0 else 0
     plans = []
     if stage1:
-        heads_only = recipe.as_kind("medusa1", lr=recipe.lr * recipe.head_lr_multiplier)
-        plans.append(StagePlan("stage1", heads_only, stage1, "medusa1"))
+        heads_only = recipe.as_kind(module.heads_only_kind, lr=recipe.lr * recipe.head_lr_multiplier)
+        plans.append(StagePlan("stage1", heads_only, stage1, module.heads_only_kind))
     plans.append(StagePlan("stage2", recipe, max(1, epochs - stage1), recipe.kind, joint_limit, joint_val_every, lora))
     return plans

@@ -1,6 +1,6 @@
 """Training draft heads with Lightning: one module per family and their losses (docs/reference.md#training-recipes).
 
-    module = HydraModule(heads, base_model, Recipe(kind="hydra", lr=1e-3))
+    module = recipe_module("hydra")(heads, base_model, Recipe(kind="hydra", lr=1e-3))
     trainer, best = fit_resumable(module, ...)       # models/heads/fitting.py: resumable, best val epoch kept
 
 Targets: head k at position t predicts token t+k+2, and the position counts only when that token
@@ -14,11 +14,15 @@ losses leave out targets outside it (nothing to learn there); the Hydra++ teache
 distribution restricted to it and renormalised; val top-1/top-5 count every target, an
 out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary heads.
 
-  Medusa1Module   frozen backbone, loss sum_k decay^k CE_k (0.8^k)
-  HydraModule     the same, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal: 1.0^k)
-  HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)
-  Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k
-  AutoregressiveFitModule  EAGLE's layer or a draft model (models/heads/eagle_training.py: "eagle", "draft_model")
+HeadsModule is the base every method's module subclasses, registered under its recipe kinds by the method
+(register_recipe):
+  Medusa1Module   frozen backbone, loss sum_k decay^k CE_k (0.8^k)              models/methods/medusa/training.py
+  Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k      (the same)
+  HydraModule     Medusa-1's loss, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal:
+                  1.0^k)                                                        models/methods/hydra/training.py
+  HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)   (the same)
+  AutoregressiveFitModule  EAGLE's layer or a draft model (models/heads/autoregressive_training.py; registered by
+                  models/methods/eagle/training.py and models/methods/draft_model/family.py)
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from models.engine.taps import final_and_taps
 from models.hardware import cpu_has_fast_bf16
-from models.heads.recipes import AutoregressiveRecipe, Medusa2Recipe, Recipe, RECIPE_TYPES  # noqa: F401
+from models.heads.recipes import RECIPE_TYPES, Recipe, recipe_type
 
 IGNORE_INDEX = -100
 log = logging.getLogger(__name__)
@@ -128,7 +132,10 @@ def register_recipe(kind: str, recipe: type[Recipe] = Recipe):
 
 class HeadsModule(pl.LightningModule):
     """Frozen backbone, heads trained. What a head reads (path tokens, the Hydra++ prefix layer) comes from the
-    heads' family (models/heads/families.py); subclasses change the losses or what is trained."""
+    heads' family and module (models/heads/families.py, DraftHeads.read_hidden); subclasses change the losses or
+    what is trained."""
+
+    heads_only_kind: str | None = None   # a joint recipe's heads-only first stage trains as this kind
 
     joint_backbone = False      # True: the backbone is trained too (Medusa-2), its adapter is saved with the heads
 
@@ -170,12 +177,13 @@ class HeadsModule(pl.LightningModule):
         return self.heads.family.reads_path
 
     def head_inputs(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        """What the heads read: the base hidden states, through the prefix layer when the family has one."""
+        """What the heads read: the base hidden states, through the heads' read_hidden when the family has a prefix
+        layer (Hydra++)."""
         if not self.heads.family.prefix_layer:
             return hidden
         B, T, _ = hidden.shape
         positions = torch.arange(T, device=hidden.device).expand(B, T)   # right padding: pads come after
-        return self.heads.prefix_forward(hidden, positions)
+        return self.heads.read_hidden(hidden, positions)
 
     def heads_loss(self, head_hidden: torch.Tensor, base_hidden: torch.Tensor, batch) -> tuple[torch.Tensor, list]:
         """sum_k weight_k (lm_w CE_k + teacher_w softCE_k); per head (loss, logits [N, Vd], target token ids [N])."""
@@ -259,84 +267,10 @@ class HeadsModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-@register_recipe("medusa1")
-class Medusa1Module(HeadsModule):
-    """Medusa-1: independent heads on h_t, frozen backbone."""
-
-
-@register_recipe("hydra")
-class HydraModule(HeadsModule):
-    """Hydra: head k sees h_t and the embeddings of the true tokens x_{t+1..t+k+1} (its family reads the path)."""
-
-
-@register_recipe("hydra_pp")
-class HydraPPModule(HydraModule):
-    """Hydra++: the prefix decoder layer runs causally over the base hidden states; its output feeds the heads
-    (the family has the layer); the recipe adds the teacher loss."""
-
-
-@register_recipe("medusa2", Medusa2Recipe)
-class Medusa2Module(HeadsModule):
-    """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k.
-
-    `backbone` is a peft model over the base; L_LM is KL to the same model with the adapters
-    switched off (self-distilled data: the base's own distribution is the target) or CE to the
-    labels. The adapters-off hidden states come from the cache when the batch carries them.
-    """
-
-    joint_backbone = True
-
-    def __init__(self, heads, backbone, recipe: Recipe, log_prefix: str = ""):
-        super().__init__(heads, backbone, recipe, log_prefix)
-        self.backbone = backbone           # a submodule: Lightning moves and trains its LoRA weights
-        self.strict_loading = False        # checkpoints hold the trainable weights only
-
-    def trainable(self) -> torch.nn.Module:
-        return self           # the heads and the LoRA backbone (its adapters' dropout)
-
-    def on_save_checkpoint(self, checkpoint):
-        super().on_save_checkpoint(checkpoint)
-        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-
-    def lambda_now(self) -> float:
-        """lambda * s(t) while training (s: sine warm-up over all steps, or 1); lambda on validation."""
-        r = self.recipe
-        if r.lambda_schedule == "constant" or not self.training:
-            return r.medusa_lambda
-        return r.medusa_lambda * math.sin(min(1.0, self.global_step / self.total_steps) * math.pi / 2)
-
-    def configure_optimizers(self):
-        self.total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        return super().configure_optimizers()
-
-    def compute(self, batch):
-        decoder, lm_head = self.backbone.get_base_model().get_decoder(), self.backbone.get_output_embeddings()
-        hidden = decoder(input_ids=batch["input_ids"]).last_hidden_state         # right padding: no mask needed
-        # L_LM at every position whose next token is an assistant token
-        nxt = batch["labels"][:, 1:]
-        b, p = (nxt != IGNORE_INDEX).nonzero(as_tuple=True)
-        logits = lm_head(hidden[b, p])                                          # [N, V]
-        if self.recipe.lm_loss == "kl":
-            if "hidden" in batch:
-                ref_hidden = batch["hidden"][b, p]
-            else:
-                with torch.no_grad(), self.backbone.disable_adapter():
-                    ref_hidden = decoder(input_ids=batch["input_ids"]).last_hidden_state[b, p]
-            with torch.no_grad():
-                ref_logits = lm_head(ref_hidden.to(lm_head.weight.dtype))
-            lm_loss = kl_to_reference(logits, ref_logits)
-        else:
-            lm_loss = F.cross_entropy(logits.float(), nxt[b, p])
-        heads_loss, per_head = self.heads_loss(hidden, hidden, batch)
-        lam = self.lambda_now()
-        return lm_loss + lam * heads_loss, per_head, {"lm_loss": lm_loss.detach(), "lambda": lam}
-
-    def param_groups(self):
-        lora = [p for p in self.backbone.parameters() if p.requires_grad]
-        heads = [p for p in self.heads.parameters() if p.requires_grad]
-        return [{"params": lora, "lr": self.recipe.lr, "name": "lora"},
-                {"params": heads, "lr": self.recipe.lr * self.recipe.head_lr_multiplier, "name": "heads"}]
+def recipe_module(kind: str) -> type["HeadsModule"]:
+    """The LightningModule recipe `kind` trains with (the built-in methods' registered on first use)."""
+    recipe_type(kind)
+    return RECIPES[kind]
 
 
 MODULES = RECIPES     # the earlier name

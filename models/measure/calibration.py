@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from models.engine.taps import final_and_taps
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 
 Path = tuple[int, ...]
 
@@ -101,7 +101,7 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     if not 0 <= start <= T - 2:
         raise ValueError(f"start={start} must leave at least one target in a sequence of {T} tokens")
     pos = torch.arange(T, device=device)[None]
-    module = heads.family.draft_module(heads)
+    module = heads.draft_module
     taps = module.taps if module is not None else ()
     both = final_and_taps(model.get_decoder(), ids[None], taps, position_ids=pos)             # [1, T, h (+ taps)]
     h = model.config.hidden_size
@@ -110,7 +110,7 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
     # EAGLE: depth d at t is the draft d steps along the true path ([1, T-1, h] per depth)
     drafts = module.unroll(features, ids[None], D) if module is not None else None
-    hidden = heads.prefix_forward(hidden, pos)[0]                                             # [T, h]
+    hidden = heads.read_hidden(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]
     ranks = torch.full((t.numel(), D), -1, dtype=torch.long)

@@ -23,8 +23,8 @@ import torch
 from models.engine.decoding import SamplingConfig, decode_step, prefill
 from models.engine.trees import TreeSpec
 from models.heads import DraftHeads, HeadsConfig, build_heads
-from models.heads.eagle import EagleModule
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+from models.methods.eagle.eagle import EagleModule
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 
 
 def medusa_v01_tree(topk: tuple[int, ...] = (7, 6)) -> TreeSpec:

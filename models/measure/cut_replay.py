@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from models.engine.drafters import Draft, DraftContext, cut_by_cost
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 
 
 @dataclass

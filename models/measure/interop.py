@@ -48,7 +48,7 @@ def draft_inputs(model, heads: DraftHeads, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(int(seed) + 1)
     ids = torch.randint(3, model.config.vocab_size, (1, TOKENS), generator=g)
     hidden = model(ids, output_hidden_states=True).hidden_states
-    taps = heads.family.draft_module(heads).taps
+    taps = heads.draft_module.taps
     features = torch.cat([hidden[i][0, :-1] for i in taps], dim=-1).float()
     return {"input_ids": ids[0].tolist(), "hidden_states": features, "next_tokens": ids[0, 1:],
             "position_ids": torch.arange(TOKENS - 1)}
@@ -57,6 +57,6 @@ def draft_inputs(model, heads: DraftHeads, seed: int = 0) -> dict:
 @torch.no_grad()
 def draft_logits(heads: DraftHeads, inputs: dict) -> torch.Tensor:
     """Depth 0 at every row: logits [T-1, Vd] over the draft vocabulary from (taps, next token) pairs."""
-    module = heads.family.draft_module(heads)
+    module = heads.draft_module
     pred = module(inputs["hidden_states"][None], inputs["next_tokens"][None], inputs["position_ids"][None])
     return heads.lm_head(0, module.readout(pred))[0].float()

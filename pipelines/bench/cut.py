@@ -22,7 +22,8 @@ from models.engine.drafters import TreeDrafter
 from models.heads import ADAPTER_DIR
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
-from models.heads.drafting import load_for_decoding  # also registers the head methods' proposers
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
+from models.heads.drafting import load_for_decoding
 from pipelines.common import load_model, log, stage, write_json
 from pipelines.evaluate import stop_token_ids
 from pipelines.methods import resolve_tree, step_cost_for, tree_config

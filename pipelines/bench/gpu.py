@@ -44,7 +44,7 @@ from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.host import apply_host
 

@@ -25,9 +25,9 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.heads.joint_stage import JointCurve
+from models.methods.medusa.joint_stage import JointCurve
 from models.heads.schedules import plan_stages
-from models.heads.training import Medusa1Module
+from models.heads.training import recipe_module
 from pipelines import train as T
 from pipelines.common import load_model, log, stage, write_json
 
@@ -55,9 +55,9 @@ def settings_of(cfg: DictConfig) -> dict:
 
 def stage1_heads(cfg: DictConfig, model, data: dict):
     """The heads as stage 1 left them (its last.ckpt), on the run's draft vocabulary."""
-    ckpt = Path(cfg.paths.results) / "checkpoints" / "medusa2" / "stage1" / "last.ckpt"
+    ckpt = Path(cfg.paths.results) / "checkpoints" / str(cfg.heads.name) / "stage1" / "last.ckpt"
     if not ckpt.is_file():
-        raise FileNotFoundError(f"{ckpt} does not exist: run `dvc repro train@medusa2` first")
+        raise FileNotFoundError(f"{ckpt} does not exist: run `dvc repro train@{cfg.heads.name}` first")
     draft_ids, _ = T.draft_vocabulary(cfg, data, model.config.vocab_size)
     heads = T.trainable_heads(cfg, model, draft_ids)
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
@@ -69,9 +69,12 @@ def stage1_heads(cfg: DictConfig, model, data: dict):
 def main(cfg: DictConfig) -> None:
     s = settings_of(cfg)
     cfg = T.with_profile_heads(cfg)
-    if str(cfg.heads.name) != "medusa2":
-        raise ValueError(f"heads={cfg.heads.name}: this benchmark measures Medusa-2's joint stage; use heads=medusa2")
     recipe = T.checked_recipe(cfg)
+    joint = recipe_module(recipe.kind)
+    if not joint.joint_backbone:
+        raise ValueError(f"heads={cfg.heads.name}: this benchmark measures a joint stage (a recipe that trains the "
+                         "backbone with the heads); use heads=medusa2")
+    heads_only_kind = joint.heads_only_kind
     if s["mode"] == "lora_only":
         recipe = dataclasses.replace(recipe, head_lr_multiplier=0.0)
     pl.seed_everything(int(cfg.seed))
@@ -84,11 +87,11 @@ def main(cfg: DictConfig) -> None:
     lora = OmegaConf.to_container(cfg.heads.recipe.lora, resolve=True)
     plan = plan_stages(recipe, 2, 0.5, lora, s["limit"], s["every"])[-1]           # the joint stage's plan
     if s["mode"] == "heads_only":
-        module = Medusa1Module(heads, model, dataclasses.replace(
-            recipe, kind="medusa1", lr=recipe.lr * recipe.head_lr_multiplier))
+        module = recipe_module(heads_only_kind)(heads, model, dataclasses.replace(
+            recipe, kind=heads_only_kind, lr=recipe.lr * recipe.head_lr_multiplier))
     else:
         module = plan.module(heads, model)
-    kind = "medusa1" if s["batches"] == "positions" else plan.loader_kind
+    kind = heads_only_kind if s["batches"] == "positions" else plan.loader_kind
     train = loader("train", kind, limit=s["limit"])
     curve = PrintedCurve()
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,

@@ -28,7 +28,7 @@ from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
-import models.heads.drafting  # noqa: F401  (the head methods' proposers, by family)
+import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from models.hardware import cpu_model
 from pipelines.methods import random_heads
 from pipelines.common import conf_option, load_model, log, stage, write_json

@@ -1,5 +1,6 @@
-"""A drafting method added as one package, the way a new method plugs in: a family (what the heads hold), a
-recipe (how they train) and a proposer (how they draft), each registered where the project looks them up.
+"""A drafting method added as one package, the way a new method plugs in (as models/methods/<method>/ do): a family
+and its heads module (what it holds), a recipe (how it trains) and a proposer (how it drafts), each registered where
+the project looks them up.
 
 The toy: a bigram table over the draft vocabulary, `heads.lookup` [V, Vd] logits. Head k predicts token t+k+2
 from token t+k+1 alone, so drafting is a chain through the table: from a node's token, its children are the
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.engine.drafters.proposer import PROPOSERS, Frontier, register_proposer
-from models.heads.families import FAMILIES, HeadFamily, register_family
+from models.heads.draft_heads import DraftHeads
+from models.heads.families import FAMILIES, HeadFamily, family_of, register_family
 from models.heads.recipes import RECIPE_TYPES
 from models.heads.training import RECIPES, HeadsModule, head_positions, register_recipe
 
@@ -27,17 +29,28 @@ CONFIG = {"name": NAME, "family": NAME, "num_heads": 4, "num_layers": 1, "dropou
           "recipe": {"kind": NAME, "lr": 0.5, "warmup_ratio": 0.0, "head_decay": 1.0, "epochs": 4}}
 
 
+class ToyLookupHeads(DraftHeads):
+    """The method's own module: the table, declared here and built on the first attach."""
+
+    def __init__(self, config, base_model=None, draft_ids=None):
+        super().__init__(config, draft_ids=draft_ids)
+        self.lookup: nn.Embedding | None = None
+        if base_model is not None:
+            self.attach(base_model, init_from_base=True)
+
+    def build_parts(self, base_model):
+        if self.lookup is None:
+            self.lookup = nn.Embedding(self.config.vocab_size, self.config.out_size)
+            nn.init.zeros_(self.lookup.weight)
+
+
 class ToyLookup(HeadFamily):
     name = NAME
     recipes = (NAME,)
+    heads_class = ToyLookupHeads
 
     def build_blocks(self, hidden, num_heads, num_layers):
         return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
-
-    def build_extra(self, heads, base_model):
-        if getattr(heads, "lookup", None) is None:
-            heads.lookup = nn.Embedding(heads.config.vocab_size, heads.config.out_size)
-            nn.init.zeros_(heads.lookup.weight)
 
 
 class ToyLookupModule(HeadsModule):
@@ -85,7 +98,7 @@ class ToyLookupProposer:
 
 
 def toy_proposer(heads):
-    return ToyLookupProposer(heads) if getattr(heads.config, "family", None) == NAME else None
+    return ToyLookupProposer(heads) if isinstance(family_of(heads), ToyLookup) else None
 
 
 @contextlib.contextmanager

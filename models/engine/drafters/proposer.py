@@ -163,5 +163,5 @@ def proposer_for(heads) -> Proposer:
             return proposer
     family = getattr(getattr(heads, "config", None), "family", type(heads).__name__)
     raise ValueError(f"no registered proposer knows heads of family {family!r} ({len(PROPOSERS)} factories "
-                     "registered; import models.heads.drafting for the head methods, and a new method registers "
+                     "registered; import models.methods.drafting for the built-in methods, and a new method registers "
                      "its own with models.engine.drafters.proposer.register_proposer)")

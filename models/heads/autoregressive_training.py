@@ -1,11 +1,13 @@
-"""Training EAGLE's draft layer (EAGLE-1, EAGLE-3) or a draft model (docs/reference.md#autoregressive-drafters):
-recipe kinds "eagle", "eagle3" and "draft_model".
+"""Training EAGLE's draft layer (EAGLE-1, EAGLE-3) or a draft model (docs/reference.md#autoregressive-drafters): the
+module their methods register under their recipe kinds (models/methods/eagle/training.py, models/methods/draft_model/
+family.py), with an AutoregressiveRecipe (models/heads/recipes.py).
 
     module = AutoregressiveFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
                                                       teacher_loss_weight=0.1, feature_noise=0.2))
 
-The heads are a DraftHeads of an autoregressive family (models/heads/families.py): heads.eagle is EAGLE's layer
-(heads.draft_model a draft model's layers), the heads' LM head (the frozen base LM head over the draft vocabulary when shared) scores its predicted features. Depth k
+The heads are an AutoregressiveHeads (models/heads/autoregressive_heads.py): heads.draft_module is EAGLE's layer
+(or a draft model's layers), the heads' LM head (the frozen base LM head over the draft vocabulary when
+shared) scores its predicted features. Depth k
 at position t is the draft k+1 steps after the root pair (f_t, x_{t+1}) along the true tokens (EagleModule.unroll),
 and predicts the feature f_{t+k+1}, whose LM head gives token t+k+2: Medusa's head-k indexing, so the targets,
 positions and validation top-k are the other families'. Per depth k < recipe.unroll:
@@ -28,20 +30,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.heads.recipes import AutoregressiveRecipe
-from models.heads.training import HeadsModule, head_positions, register_recipe, soft_cross_entropy
+from models.heads.training import HeadsModule, head_positions, soft_cross_entropy
 
 
-@register_recipe("eagle", AutoregressiveRecipe)
-@register_recipe("eagle3", AutoregressiveRecipe)
-@register_recipe("draft_model", AutoregressiveRecipe)
 class AutoregressiveFitModule(HeadsModule):
     """The frozen base's features in (from the hidden cache when the batch has them), the heads' draft module
     trained (EAGLE's layer; a draft model, distilled with the teacher loss alone)."""
 
     def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
         r, heads = self.recipe, self.heads
-        module = heads.family.draft_module(heads)
+        module = heads.draft_module
         hidden = self.base_hidden(batch)                                                # [B, T, h (+ taps)]
         h = heads.config.hidden_size
         hidden, features = (hidden[..., :h], hidden[..., h:]) if module.taps else (hidden, hidden)

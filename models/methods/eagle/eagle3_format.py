@@ -10,7 +10,7 @@ draft ids). No `embed_tokens.weight`: both loaders take the target model's embed
 `config.json` is a one-layer Llama config with architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size` and
 the tapped layers twice, once per loader's convention (see `_tap_fields`). Heads without a draft vocabulary are
 written with Vd = V, `d2t` zeros and `t2d` all true. The layer is a Llama layer of the base's sizes whatever the
-base's architecture (models/heads/eagle3.py), as the loaders build it, so heads on any base export: the sizes, norm
+base's architecture (models/methods/eagle/eagle3.py), as the loaders build it, so heads on any base export: the sizes, norm
 eps and rotary written come from that layer's config.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.heads import HeadsConfig, build_heads, check_compatible
-from models.heads.eagle_format import check_embedding, check_keys, require_files
+from models.methods.eagle.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")   # vLLM registers both; SGLang the first
@@ -115,7 +115,7 @@ def _tap_fields(taps: tuple[int, ...]) -> dict:
 
 def eagle3_config(heads, base_config, dtype: torch.dtype) -> dict:
     """config.json: the module's one-layer Llama config (the base's sizes), the draft vocabulary and the taps."""
-    module = heads.family.draft_module(heads)
+    module = heads.draft_module
     layer = module.layer_config
     theta, scaling = _rope(layer)
     config = {"architectures": [ARCHITECTURES[0]], "model_type": "llama", "num_hidden_layers": 1,
@@ -143,7 +143,7 @@ def _notes(heads, taps: tuple[int, ...], num_layers: int, dtype: torch.dtype) ->
                                        f"{num_layers}-layer base, so a loader that ignores them reads other layers"),
              "no embed_tokens.weight: vLLM and SGLang take the target model's embedding",
              f"weights in {str(dtype).removeprefix('torch.')}; the loaders cast them to the serving dtype"]
-    model_type = getattr(heads.family.draft_module(heads).base_config, "model_type", None)
+    model_type = getattr(heads.draft_module.base_config, "model_type", None)
     if model_type != "llama":
         notes.append(f"base model_type {model_type!r}: the draft layer is a Llama layer of its sizes all the same, "
                      "the one the loaders build for any target")
@@ -163,7 +163,7 @@ def write_eagle3(heads, base_model, folder: Path) -> tuple[list[str], list[str]]
     config = eagle3_config(heads, base_model.config, state["fc.weight"].dtype)
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    taps = tuple(heads.family.draft_module(heads).taps)
+    taps = tuple(heads.draft_module.taps)
     notes = _notes(heads, taps, base_model.config.num_hidden_layers, state["fc.weight"].dtype)
     return [str(folder / WEIGHTS), str(folder / CONFIG)], notes
 
@@ -226,7 +226,7 @@ def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
                                   share_lm_head=False, draft_vocab_size=None if draft_ids is None else len(draft_ids))
     check_compatible(config, base_model, source=str(folder))
     heads = build_heads(config, base_model, draft_ids)
-    _check_meta(meta, base_model.config, heads.family.draft_module(heads), folder / CONFIG)
+    _check_meta(meta, base_model.config, heads.draft_module, folder / CONFIG)
     expected = {to_file_key(k): v for k, v in heads.state_dict().items() if k != "draft_ids"}
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     check_keys(state, expected, where, "EAGLE-3")

@@ -15,7 +15,7 @@ At position t the first depth reads g_t = cat(taps of t) [3h] and x_{t+1}:
 
 Deeper depths feed pred (before the final norm, width h) back in place of fc's output: `inputs` applies fc only to
 3h-wide features, as the authors' code does. Training runs that recurrence ("training-time test", models/heads/
-eagle_training.py): each depth a soft cross-entropy to the base's distribution, weighted 0.8^k, no feature loss.
+autoregressive_training.py): each depth a soft cross-entropy to the base's distribution, weighted 0.8^k, no feature loss.
 
 The layer is a Llama layer whatever the base's architecture, as the authors' code (SafeAILab/EAGLE, its EAGLE-3
 `LlamaDecoderLayeremb`) and vLLM's and SGLang's loaders build it: transformers' Llama attention (q/k/v widened to
@@ -23,13 +23,13 @@ The layer is a Llama layer whatever the base's architecture, as the authors' cod
 head_dim, intermediate size, RMS eps, rotary base and scaling, no biases. Its rotary embedding is a Llama one of
 that config (every dimension of a head rotated; the base's own may rotate part of them, e.g. Phi-3's partial
 rotary). A Qwen3, Phi-3, OLMo-2 or Gemma-2 base gets the same layer as a Llama base of its sizes, so the export to
-vLLM's and SGLang's format (models/heads/eagle3_format.py) is a renaming of names that stay the authors' (fc, the
+vLLM's and SGLang's format (models/methods/eagle/eagle3_format.py) is a renaming of names that stay the authors' (fc, the
 layer's hidden_norm, input_layernorm, self_attn.*, mlp.*, norm).
 
 Initialised as the authors' module is (a plain nn.Module: no initialiser of transformers runs): every Linear
 (fc and the layer's) by nn.Linear's own init (Kaiming-uniform, bound 1/sqrt(fan_in)), every RMSNorm weight
 (input_layernorm, hidden_norm, post_attention_layernorm, the final norm) at one. Its LM head (the heads', models/
-heads/families.py Eagle3) is a fresh nn.Linear too, as theirs is. float32.
+methods/eagle/family.py Eagle3) is a fresh nn.Linear too, as theirs is. float32.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     files, notes = write_speculators(heads, model, folder)     # config.json + model.safetensors, folder empty
     vllm serve <folder>                                        # vLLM reads the verifier from the config (not run here)
 
-`model.safetensors` holds eagle3_format's tensors (models/heads/eagle3_format.py) with the layer under `layers.0.`
+`model.safetensors` holds eagle3_format's tensors (models/methods/eagle/eagle3_format.py) with the layer under `layers.0.`
 (the older file's `midlayer.`) and `embed_tokens.weight`, the base's input embedding, so the draft never depends on
 where a loader finds the verifier's (the library's converter, given a file without one, drafted over zeros). `d2t`
 and `t2d` only with a draft vocabulary (the library registers none without one). `config.json` is the
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from models.base import model_name
-from models.heads.eagle3_format import eagle3_config, eagle3_state
+from models.methods.eagle.eagle3_format import eagle3_config, eagle3_state
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 SPECULATORS_VERSION = "0.9.0"          # the library whose config classes this file follows (make interop)
@@ -84,7 +84,7 @@ def verifier_of(base_model) -> dict:
 
 def speculators_config(heads, base_model, dtype: torch.dtype, verifier: dict | None = None) -> dict:
     """config.json: every field of speculators 0.9's Eagle3SpeculatorConfig, norm_before_residual explicit."""
-    taps = tuple(heads.family.draft_module(heads).taps)
+    taps = tuple(heads.draft_module.taps)
     check_taps(taps, base_model.config.num_hidden_layers)
     return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
             "speculators_version": SPECULATORS_VERSION,

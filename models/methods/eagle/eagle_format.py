@@ -22,7 +22,7 @@ WEIGHTS, CONFIG = "pytorch_model.bin", "config.json"
 
 
 def write_eagle(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
-    files = write_eagle_module(heads.family.draft_module(heads), base_model, folder)
+    files = write_eagle_module(heads.draft_module, base_model, folder)
     notes = [] if heads.draft_ids is None else [
         f"the draft vocabulary ({heads.draft_ids.numel()} tokens) is not carried: the authors' drafter scores the "
         "full vocabulary with the base LM head, so its drafts can include tokens these heads never proposed"]
@@ -30,7 +30,7 @@ def write_eagle(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
 
 
 def write_eagle_module(module, base_model, folder: Path) -> list[str]:
-    """A bare EagleModule (models/heads/eagle.py) in the authors' layout; -> the files written. config.json also
+    """A bare EagleModule (models/methods/eagle/eagle.py) in the authors' layout; -> the files written. config.json also
     names the rotary base as `rope_theta` (transformers 4.x reads that key; 5.x nests it in rope_parameters)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,14 @@
+"""The draft model's proposer, registered with the engine: the autoregressive proposer (models/heads/
+autoregressive_proposer.py), as EAGLE's. Imported by models/methods/drafting.py where heads decode."""
+from __future__ import annotations
+
+from models.engine.drafters.proposer import register_proposer
+from models.heads.autoregressive_proposer import AutoregressiveProposer
+from models.heads.families import family_of
+from models.methods.draft_model.family import DraftModelFamily
+
+
+@register_proposer
+def draft_model_proposer(heads):
+    """The proposer of draft-model heads (and their subclasses'); None for others."""
+    return AutoregressiveProposer(heads=heads) if isinstance(family_of(heads), DraftModelFamily) else None
