@@ -39,8 +39,8 @@ from models.hardware import host_record, machine_description
 from models.measure.latency import interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, tree_from_config
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
-from pipelines.common import (conf_option, heads_options, load_model, log, mlflow_run, run_record, stage,
-                              write_json)
+from pipelines.common import (conf_option, flat_metrics, heads_options, load_model, log, mlflow_run, run_record,
+                              stage, write_json)
 from pipelines.host import apply_host
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
@@ -375,16 +375,22 @@ def main(cfg: DictConfig) -> None:
     with mlflow_run(cfg, "calibrate", run_name=f"calibrate-{cfg.heads.name}"):
         import mlflow
 
-        done = calibrate(cfg)
-        m = done["metrics"]
-        mlflow.log_metrics({k: v for k, v in m.items() if not isinstance(v, list)})
-        mlflow.log_metrics({f"acc_top1_d{d + 1}": v for d, v in enumerate(m["acc_top1"])})
-        for row in done["result"]["budgets"]:
-            mlflow.log_metrics({"budget_predicted_accept_length": row["predicted_accept_length"],
-                                "budget_replay_accept_length": row["replay_accept_length"],
-                                "budget_predicted_tokens_per_s": row["predicted_tokens_per_s"]}, step=row["budget"])
-        for path in done["files"]:
-            mlflow.log_artifact(str(path))
+        log_calibration(calibrate(cfg))
+
+
+def log_calibration(done: dict) -> None:
+    """calibrate()'s metrics and per-budget predictions into the active MLflow run."""
+    import mlflow
+
+    m = done["metrics"]
+    mlflow.log_metrics(flat_metrics(m))
+    mlflow.log_metrics({f"acc_top1_d{d + 1}": v for d, v in enumerate(m["acc_top1"])})
+    for row in done["result"]["budgets"]:
+        mlflow.log_metrics({"budget_predicted_accept_length": row["predicted_accept_length"],
+                            "budget_replay_accept_length": row["replay_accept_length"],
+                            "budget_predicted_tokens_per_s": row["predicted_tokens_per_s"]}, step=row["budget"])
+    for path in done["files"]:
+        mlflow.log_artifact(str(path))
 
 
 if __name__ == "__main__":

@@ -149,6 +149,18 @@ def mlflow_run(cfg: DictConfig, stage_name: str, run_name: str | None = None):
         yield run
 
 
+def flat_metrics(stats: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of nested metrics as `a.b.c` keys, what MLflow's log_metrics takes (records such as `run` or
+    `host` hold strings and dicts; their numbers come along, the rest stays in the metrics file)."""
+    out = {}
+    for k, v in stats.items():
+        if isinstance(v, dict):
+            out.update(flat_metrics(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
 def file_sha256(path: str | Path, h=None):
     """`h` (a new sha256 when None) updated with the file's bytes, read in 1 MiB blocks (model files are large)."""
     h = hashlib.sha256() if h is None else h

@@ -44,7 +44,7 @@ from models.data.distill_gen import (GenerationSettings, HFGenerator, VLLMGenera
                                 vllm_available)
 from models.data.relabel import relabel_conversations
 from models.data.shards import ShardStore, num_shards
-from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
+from pipelines.common import flat_metrics, load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.prepare import FEATURES, load_tokenizer
 
 SPLITS = ("train", "val")
@@ -326,16 +326,6 @@ def run_distill(cfg: DictConfig) -> dict:
 def rate(n: float, seconds: float) -> float | None:
     return round(n / seconds, 1) if seconds else None
 
-
-def flat_metrics(stats: dict, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of the nested stats as `a.b.c` keys (MLflow metrics)."""
-    out = {}
-    for k, v in stats.items():
-        if isinstance(v, dict):
-            out.update(flat_metrics(v, f"{prefix}{k}."))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"{prefix}{k}"] = float(v)
-    return out
 
 
 @stage

@@ -212,8 +212,23 @@ def _write_tiny_distilled(folder, tok):
     DatasetDict({"train": ds, "val": ds}).save_to_disk(str(folder))
 
 
+def log_to_a_file_store(done: dict, tmp_path, monkeypatch) -> None:
+    """The stage's MLflow logging of what calibrate() returned (its metrics hold the run and host records, which are
+    not numbers: only their numeric leaves are logged)."""
+    import mlflow
+
+    from pipelines.calibrate import log_calibration
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")      # a throwaway store, fast to create
+    mlflow.set_tracking_uri(f"file://{tmp_path / 'mlruns'}")
+    with mlflow.start_run() as run:
+        log_calibration(done)
+    logged = mlflow.get_run(run.info.run_id).data.metrics
+    assert logged["run.cpu_count"] >= 1 and "acc_top1_d1" in logged and "budget_predicted_accept_length" in logged
+
+
 @pytest.mark.parametrize("heads_name,continuation", [("hydra_pp", "greedy"), ("medusa1", "data")])
-def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation):
+def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation, monkeypatch):
     import json
 
     from models.engine.trees import tree_from_config
@@ -228,6 +243,7 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     heads.save(tmp_path / "results" / "heads" / heads_name)
 
     done = calibrate(cfg)
+    log_to_a_file_store(done, tmp_path, monkeypatch)
     out = tmp_path / "results" / "calibrate" / heads_name
     result = json.loads((out / "calibration.json").read_text())
     assert [b["budget"] for b in result["budgets"]] == [2, 4, 8]
