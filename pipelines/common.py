@@ -149,6 +149,14 @@ def mlflow_run(cfg: DictConfig, stage_name: str, run_name: str | None = None):
         yield run
 
 
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end an answer: the tokenizer's EOS and the model's generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
 def flat_metrics(stats: dict, prefix: str = "") -> dict[str, float]:
     """Numeric leaves of nested metrics as `a.b.c` keys, what MLflow's log_metrics takes (records such as `run` or
     `host` hold strings and dicts; their numbers come along, the rest stays in the metrics file)."""

@@ -60,7 +60,7 @@ from models.measure.lossless import LosslessnessError, check_lossless, failure_m
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
 from models.hardware import applied_host_settings, host_record, machine_label
-from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
+from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
 from pipelines.host import apply_host
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
@@ -100,13 +100,6 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
     return generate(method.model, tokenizer, input_ids, drafter_for(method, cfg),
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
 
 
 # -- 3) what stored results belong to ------------------------------------------------------------

@@ -39,56 +39,24 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from datasets import load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
-from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
-from models.heads.head_data import HeadsDataset, conversation_loader, target_positions, unigram_baseline, window_loader
-from models.heads.families import get_family
+from models.heads.head_data import target_positions, unigram_baseline
 import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
-from models.heads import HeadsConfig, build_heads
-from models.heads.hidden_cache import HiddenCache, cache_key, sequences_fingerprint
+from models.heads.hidden_cache import sequences_fingerprint
 from models.methods.medusa.joint_stage import JointCurve, backbone_drift
 from models.heads.schedules import plan_stages
 from models.heads.fitting import Throughput, fit_resumable
-from models.heads.training import IGNORE_INDEX, Recipe, on_gpu, resolve_precision
+from models.heads.training import Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
+from pipelines.train_inputs import draft_vocabulary, hidden_caches, load_examples, make_loader, trainable_heads
 from pipelines.recipes import checked_recipe, effective_epochs, profile_overrides, recipe_record, with_profile_heads
 
 RECIPE_FILE = "recipe.json"        # beside the trained heads: the recipe as resolved (pipelines/recipes.py)
 # profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
 RUNTIME_KEYS = ("num_threads", "progress_bar", "log_every_n_steps", "checkpoint_every_n_steps", "cache_batch_tokens")
-
-
-def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
-    """Per split (input_ids, labels) cut to max_length, keeping examples where head 0 has a target."""
-    t = cfg.profile.train
-    source = t.get("data", "distilled")
-    if source not in ("distilled", "prepared"):
-        raise ValueError(f"profile.train.data={source!r}: use distilled (self-distilled answers) or prepared")
-    folder = Path(cfg.data.distilled_dir if source == "distilled" else cfg.data.prepared_dir)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{source} data {folder} does not exist; run `dvc repro {source[:-2] if source == 'prepared' else 'distill'}`"
-                                " first (or set profile.train.data=prepared|distilled)")
-    data, n = load_from_disk(str(folder)), int(t.max_length)
-    limits = {"train": t.get("max_train_samples"), "val": t.get("max_val_samples")}
-    out = {}
-    for split in ("train", "val"):
-        ids_list, labels_list = [], []
-        for ids, labels in zip(data[split]["input_ids"], data[split]["labels"]):
-            ids, labels = list(ids[:n]), list(labels[:n])
-            if any(l != IGNORE_INDEX for l in labels[2:]):
-                ids_list.append(ids)
-                labels_list.append(labels)
-            if limits[split] and len(ids_list) >= limits[split]:
-                break
-        if not ids_list:
-            raise ValueError(f"no {split} example of {folder} has an assistant token past position 2 within "
-                             f"max_length={n}")
-        out[split] = (ids_list, labels_list)
-    return out
 
 
 def fingerprint(cfg: DictConfig, data_key: str, part: str) -> str:
@@ -115,47 +83,6 @@ def cpu_threads(cfg: DictConfig) -> int | None:
     if not on_gpu(str(cfg.trainer.accelerator)) and devices.isdigit() and int(devices) > 1:
         return max(1, (os.cpu_count() or 1) // int(devices))
     return None
-
-
-def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torch.Tensor | None, float]:
-    """(draft_ids [Vd] or None, share of the val answer tokens inside): the most frequent train answer tokens."""
-    size = cfg.profile.train.get("draft_vocab_size")
-    if size is not None and int(size) >= vocab_size:
-        log.info("draft_vocab_size=%s >= the model's vocabulary (%d): the heads score the full vocabulary", size, vocab_size)
-        size = None
-    if size is None:
-        return None, 1.0
-    ids = most_frequent(answer_token_counts(data["train"][1], vocab_size), int(size))
-    return ids, coverage(ids, data["val"][1])
-
-
-def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
-    """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
-    (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
-    t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
-    taps = get_family(cfg.heads.family).taps(model.config)        # EAGLE-3: its taps beside the final state
-    if t.get("hidden_cache", True):
-        for split, (ids, _) in data.items():
-            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=taps)
-            hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
-                                              desc=f"hidden cache {split}", taps=taps)
-    return hidden, time.time() - t0
-
-
-def make_loader(cfg: DictConfig, data: dict, hidden: dict, pad: int):
-    """loader(split, kind=None, limit=None): train on random positions of the cache (families that read one
-    position each: family.window_recipes) or shuffled length buckets; val on length buckets."""
-    h, family, batch_positions = cfg.heads, get_family(cfg.heads.family), int(cfg.profile.train.batch_positions)
-
-    def loader(split, kind=None, limit=None):
-        ids, labels = data[split]
-        n = min(len(ids), limit or len(ids))
-        cached = None if hidden[split] is None else hidden[split].first(n)
-        ds = HeadsDataset(ids[:n], labels[:n], cached)
-        if split == "train" and kind in family.window_recipes and cached is not None:
-            return window_loader(ds, int(h.num_heads), batch_positions, pad, seed=int(cfg.seed))
-        return conversation_loader(ds, batch_positions, pad, shuffle=split == "train", seed=int(cfg.seed))
-    return loader
 
 
 def trainer_settings(cfg: DictConfig) -> dict:
@@ -217,17 +144,6 @@ def log_metrics(metrics: dict, out_dir: Path, path: Path) -> None:
              "vocabulary %s (val coverage %.3f) in %.0f s", metrics["heads"], metrics["val_top1"], metrics["val_top5"],
              metrics["baseline_unigram_top1"], metrics["best_epoch"], metrics["train_positions_per_s"],
              metrics["draft_vocab_size"], metrics["draft_vocab_val_coverage"], metrics["wall_time_s"])
-
-
-def trainable_heads(cfg: DictConfig, model, draft_ids: torch.Tensor | None):
-    """Fresh heads of cfg.heads on `model` and the draft vocabulary, every parameter trainable (the Hydra++
-    prefix layer is a copy of a frozen base layer)."""
-    h = cfg.heads
-    config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
-                                  dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
-                                  draft_vocab_size=None if draft_ids is None else len(draft_ids),
-                                  shared_blocks=h.get("shared_blocks", False))
-    return build_heads(config, model, draft_ids).requires_grad_(True)
 
 
 def run_train(cfg: DictConfig) -> dict:

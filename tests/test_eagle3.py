@@ -539,7 +539,8 @@ def test_calibration_ranks_eagle3_along_its_own_drafts_over_the_taps():
 
 def test_the_train_stage_trains_eagle3_from_its_config_over_final_and_taps(stage_cfg, tmp_path):  # noqa: F811
     from pipelines.common import load_model
-    from pipelines.train import load_examples, run_train
+    from pipelines.train import run_train
+    from pipelines.train_inputs import load_examples
 
     cfg = stage_cfg("eagle3")
     assert cfg.heads.family == "eagle3" and cfg.heads.recipe.kind == "eagle3" and cfg.heads.share_lm_head is False

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from models.methods.medusa.joint_stage import JointCurve
 from models.heads.schedules import plan_stages
 from models.heads.training import recipe_module
-from pipelines import train as T
+from pipelines import train_inputs as T
+from pipelines.recipes import checked_recipe, with_profile_heads
 from pipelines.common import load_model, log, stage, write_json
 
 DEFAULTS = {"limit": 192, "every": 20, "mode": "recipe", "batches": "conversations"}
@@ -68,8 +69,8 @@ def stage1_heads(cfg: DictConfig, model, data: dict):
 @stage
 def main(cfg: DictConfig) -> None:
     s = settings_of(cfg)
-    cfg = T.with_profile_heads(cfg)
-    recipe = T.checked_recipe(cfg)
+    cfg = with_profile_heads(cfg)
+    recipe = checked_recipe(cfg)
     joint = recipe_module(recipe.kind)
     if not joint.joint_backbone:
         raise ValueError(f"heads={cfg.heads.name}: this benchmark measures a joint stage (a recipe that trains the "
