@@ -73,3 +73,19 @@ def test_bench_gpu_judges_a_static_step_difference_by_the_tie_rule(compose_cfg, 
     assert diff["position"] == 2 and diff["tie"] is False and diff["dtype"] == "float32"
     assert abs(diff["logit_margin"]) > diff["tolerance"]
     assert rows["static_step"]["verify"]["sizes"] == [1, 4]
+
+
+def test_bench_gpu_profiles_drafting_when_asked(compose_cfg):
+    from pipelines.bench.gpu import run_bench
+
+    cfg = compose_cfg("+bench_gpu.sizes=[1,4]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=4",
+                      "+bench_gpu.prefix_len=16", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu",
+                      "+bench_gpu.settings=[host_settings]", "+bench_gpu.trees=[chain4,eagle2]",
+                      "+bench_gpu.profile_drafting=true", "+bench_gpu.profile_repeats=2")
+    _, record = run_bench(cfg)
+    for family in record["shapes"]["tiny"]["settings"]["host_settings"]["drafting"].values():
+        for tree in ("chain4", "eagle2"):
+            prof = family[tree]["profile"]
+            assert prof["repeats"] == 2 and prof["wall_ms"] > 0 and prof["host_ops"] > 0
+            assert prof["top_host_ops"] and all(k.startswith("aten::") for k in prof["top_host_ops"])
+            assert prof["device_busy_ms"] is None and prof["kernels"] is None     # a CPU: no device kernels

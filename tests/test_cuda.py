@@ -97,6 +97,17 @@ def test_step_timing_synchronises_the_gpu(monkeypatch):
     assert state.sync is None                       # set for the timing only
 
 
+@pytest.mark.parametrize("family", ["medusa", "eagle"])
+def test_the_draft_profile_counts_the_gpu_kernels_of_a_draft(family):
+    from models.measure.draft_profile import draft_profile
+
+    model, tok = cuda_model(torch.bfloat16)
+    prof = draft_profile(model, heads_drafter(cuda_heads(model, family), TREES["sparse64"]), prompt_ids(tok),
+                         repeats=3)
+    assert prof["kernels"] > 0 and prof["device_busy_ms"] > 0 and prof["wall_ms"] > 0
+    assert prof["host_ops"] > 0 and prof["top_host_ops"]
+
+
 @pytest.mark.parametrize("kind", ["medusa1", "hydra", "hydra_pp", "medusa2"])
 def test_each_recipe_fits_on_the_gpu_in_bf16_mixed(kind, tmp_path):
     model, tok = build_tiny_model(seed=0)

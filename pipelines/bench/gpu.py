@@ -13,7 +13,8 @@ the static step (models/engine/static_step.py: CUDA graphs; the verify profile s
   - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
   - each method's drafting (one random-headed family per head config of `pipeline_heads`) on the 63-node tree
     (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63), a 4-token chain and EAGLE-2's grown tree (conf/tree/eagle2.yaml):
-    draft, verify, accept, commit, step ms.
+    draft, verify, accept, commit, step ms; with +bench_gpu.profile_drafting=true also a torch.profiler record of
+    draft() alone (kernel time against wall time: where drafting is host-bound).
 The file is rewritten after every setting, so a run cut short keeps what it measured (`complete` says which shapes
 finished).
 Writes reports/bench/gpu_<device>.json (bench_gpu.out to change it) with the device, library versions, the
@@ -42,6 +43,7 @@ from models.engine.static_step import static_summaries
 from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
+from models.measure.draft_profile import draft_profile
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
@@ -60,7 +62,8 @@ SHAPES = {
 }
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
-            "hf_static_in": ["static_step"], "settings": None, "out": None}
+            "hf_static_in": ["static_step"], "settings": None, "out": None, "profile_drafting": False,
+            "profile_repeats": 20}
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
@@ -74,6 +77,9 @@ FIGURES = {
     "plain_tokens_equal_host_settings": "under static_step: the plain step's greedy tokens equal those of the eager "
                                         "host_settings run on the same prompt (bf16: a tie may flip one)",
     "seconds": "wall seconds the setting's measurements took",
+    "profile": "with bench_gpu.profile_drafting: torch.profiler over draft() alone, repeated from one state "
+               "(models/measure/draft_profile.py): wall_ms, device_busy_ms (kernel time), kernels (launches), "
+               "host_ops and top_host_ops (ms of host self time a draft); wall well above device_busy: host-bound",
     "plain_difference": "under static_step where the plain tokens differ from host_settings': the first difference "
                         "judged by the tie rule (models/measure/lossless.judged_difference, floor 1e-3)",
 }
@@ -168,6 +174,8 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
             row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
                           "step_ms": round(1e3 * res.decode_time / steps, 3),
                           "tokens_per_step": round(res.mean_accepted_length, 3)}
+            if s["profile_drafting"]:
+                row[tname]["profile"] = draft_profile(model, drafter, prompt, repeats=int(s["profile_repeats"]))
         out[h["family"]] = {"heads": name, **row}
         del heads
     return out
