@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -112,8 +113,14 @@ def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, ha
     (notes: what differs there)."""
     _check_exportable(heads, fmt, has_adapter)
     folder = Path(folder)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    files, notes = FORMATS[fmt].write(heads, base_model, folder)
+    try:
+        files, notes = FORMATS[fmt].write(heads, base_model, folder)
+    except Exception:
+        if created:                   # a refused or failed export leaves no folder of its own behind
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return {"format": fmt, "files": files, "notes": notes}
 
 
