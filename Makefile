@@ -37,7 +37,8 @@ bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench.verify
 
 # step costs on the device at hand (a GPU: the 7B and SmolLM2 shapes, random weights) before and after the host
-# settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5"
+# settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5" (+bench_gpu.profile_drafting=true:
+# a torch.profiler record of each drafter's draft(), kernel time against wall time)
 bench-gpu: $(STAMP)
 	$(BIN)/python -m pipelines.bench.gpu $(OVERRIDES)
 
