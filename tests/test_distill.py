@@ -18,6 +18,7 @@ from models.data.relabel import relabel_conversations
 from models.data import shards
 from pipelines import distill
 from pipelines.prepare import FEATURES
+from tests.fields import without
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: tiny tensors run fastest on one thread
@@ -211,7 +212,7 @@ TIMINGS = ("generation_s", "new_tokens_per_s", "relabel_s", "tokens_per_s", "pos
 
 def without_timings(stats: dict) -> dict:
     """The run's report less what depends on the clock or on what this very run produced."""
-    return {k: without_timings(v) if isinstance(v, dict) else v for k, v in stats.items() if k not in TIMINGS}
+    return without(stats, TIMINGS)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from models.measure.mtbench import chat_input_ids, load_questions, rotated, spre
 from models.measure.peers import prompt_lookup_generate
 from models.heads import HeadsConfig, build_heads
 from pipelines.common import CONF_DIR
+from tests.fields import without
 
 
 def rec(qid, cat, turn, tokens, time, accept, method="m", prefill=0.0):
@@ -401,11 +402,7 @@ TIMING = {"wall_time", "prefill_time", "decode_time", "speedup", "decode_speedup
 
 def untimed(obj):
     """obj without the fields a run measures anew (times and what is computed from them), at any depth."""
-    if isinstance(obj, dict):
-        return {k: untimed(v) for k, v in obj.items() if k not in TIMING}
-    if isinstance(obj, list):
-        return [untimed(v) for v in obj]
-    return obj
+    return without(obj, TIMING)
 
 
 def outputs(tmp_path: Path) -> dict:
