@@ -52,7 +52,7 @@ def draft_profile(model, drafter, prompt_ids, repeats: int = 20, max_depth: int 
     host = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total,
                   reverse=True)
     out = {"repeats": repeats, "wall_ms": round(1e3 * wall, 4),
-           "host_ops": round(sum(e.count for e in events if e.key.startswith("aten::")) / repeats, 1),
+           "host_ops": round(sum(e.count for e in host) / repeats, 1),
            "top_host_ops": {e.key: round(e.self_cpu_time_total / 1e3 / repeats, 4) for e in host[:top]},
            "device_busy_ms": None, "kernels": None}
     if cuda:
