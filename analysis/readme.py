@@ -16,7 +16,8 @@ from analysis.comparisons import FAMILY_LABELS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- headline: written by `python -m analysis.readme` -->", "<!-- /headline -->"
-TREES = {"optimal": "calibrated tree", "optimal_pld": "calibrated tree + prompt lookup"}
+TREES = {"optimal": "calibrated tree", "optimal_pld": "calibrated tree + prompt lookup",
+         "dynamic_optimal": "tree grown per step", "dynamic_optimal_pld": "tree grown per step + prompt lookup"}
 LOOKUPS = {"pld": "prompt lookup (this decoder)", "pld_hf": "prompt lookup (transformers)"}
 
 

@@ -36,16 +36,19 @@ def test_the_chains_metrics_make_one_headline_and_are_not_runs_of_one_method(tmp
     head = {"num_questions": 2, "max_new_tokens": 8, "baseline_tokens_per_s": 10.0}
     files = {"references": {**head, "lossless": True, "lossless_checked_turns": 4, "methods": {"pld": row}},
              "evaluate_hydra": {**head, "lossless": True, "lossless_checked_turns": 6,
-                                "methods": {"hydra-optimal": {**row, "speedup": 1.1}}},
+                                "methods": {"hydra-optimal": {**row, "speedup": 1.1},
+                                            "hydra-dynamic_optimal_pld": {**row, "speedup": 1.4}}},
              "evaluate_hydra-chain4": {**head, "methods": {"hydra-chain4": row}}}
     for stem, body in files.items():
         (tmp_path / f"{stem}.json").write_text(json.dumps(body))
     metrics = headline_metrics(tmp_path)
-    assert set(metrics["methods"]) == {"pld", "hydra-optimal"} and metrics["lossless_checked_turns"] == 10
+    assert set(metrics["methods"]) == {"pld", "hydra-optimal", "hydra-dynamic_optimal_pld"}
+    assert metrics["lossless_checked_turns"] == 10
     assert metrics["methods"]["hydra-optimal"]["speedup"] == 1.1 and metrics["lossless"]
     assert set(single_runs(tmp_path)) == {"hydra-chain4"}
     block = headline_block(metrics, single_runs(tmp_path))
     assert "| Hydra, calibrated tree | 2 | 1.10x (1.10 to 1.30) | 1.50 |" in block
+    assert "| Hydra, tree grown per step + prompt lookup | 2 | 1.40x (1.10 to 1.30) | 1.50 |" in block
 
 
 def test_the_readme_is_a_front_page():
