@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
+.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -64,6 +64,12 @@ conformance-eagle: $(STAMP)
 # golden file tests/test_speculators_format.py replays (docs/conformance.md#speculators-interop)
 interop: $(STAMP)
 	$(BIN)/python -m pipelines.interop $(ARGS)
+
+# the tree grown per step against a tree of its size chosen in hindsight, replayed along evaluate@<heads>'s own
+# records (after `dvc repro evaluate@<heads>`); OVERRIDES e.g. "+oracle.settings=[[5,10,59]]"
+ORACLE_HEADS ?= eagle eagle3
+bench-oracle: $(STAMP)
+	for h in $(ORACLE_HEADS); do $(BIN)/python -m pipelines.bench.tree_oracle heads=$$h $(OVERRIDES) || exit 1; done
 
 # what Medusa-2's joint stage does to head 0 against its joint positions (after `dvc repro train@medusa2`);
 # OVERRIDES e.g. "+joint.mode=heads_only +joint.limit=null"
