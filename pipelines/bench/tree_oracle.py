@@ -1,5 +1,5 @@
 """python -m pipelines.bench.tree_oracle heads=eagle3 [+oracle.settings=[[5,10,59]]]
-(make bench-oracle HEADS="eagle eagle3")
+(make bench-oracle ORACLE_HEADS="eagle eagle3")
 
 A benchmark, not a stage: how far is the tree grown per step (tree=dynamic_optimal) from a tree of the same size
 chosen in hindsight, on the evaluation's own answers? Reads evaluate@<heads>'s per-question records
