@@ -47,7 +47,8 @@ def walk_steps(drafts: np.ndarray) -> list[int]:
 def steps_agree(replayed: list[int], decoded: list[int], tail: int) -> bool:
     """The replayed steps equal the decoder's up to the last `tail` tokens of the answer (where the decoder's steps
     are cut by the token budget and the replay's by the end of the sequence)."""
-    total, n = sum(decoded), 0
-    while n < min(len(replayed), len(decoded)) and sum(decoded[:n + 1]) <= total - tail:
+    limit, n, covered = sum(decoded) - tail, 0, 0
+    while n < min(len(replayed), len(decoded)) and covered + decoded[n] <= limit:
+        covered += decoded[n]
         n += 1
     return replayed[:n] == decoded[:n]
