@@ -20,13 +20,14 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
     assert record["date"] and record["decoder_commit"] and record["weights"] == "random"
     assert list(record["shapes"]) == ["tiny"] and record["bench_settings"]["dtype"] == "float32"
     rows = record["shapes"]["tiny"]["settings"]
-    assert list(rows) == ["torch_defaults", "host_settings", "static_step"]
+    assert list(rows) == ["torch_defaults", "host_settings", "static_step", "static_drafts"]
     assert record["shapes"]["tiny"]["complete"]
-    assert rows["static_step"]["plain_tokens_equal_host_settings"]     # a CPU: the same eager step twice
+    for name in ("static_step", "static_drafts"):
+        assert rows[name]["plain_tokens_equal_host_settings"]     # a CPU: the same eager step twice
     for name, row in rows.items():
         assert row["host_record"]["host_settings"] == {}          # a CPU: the host settings change nothing
         assert row["plain_step_ms"] > 0 and row["hf_generate_ms_per_token"] > 0 and row["seconds"] > 0
-        assert ("hf_generate_static_ms_per_token" in row) == (name == "static_step")     # bench_gpu.hf_static_in
+        assert ("hf_generate_static_ms_per_token" in row) == (name == "static_drafts")     # bench_gpu.hf_static_in
         assert row["verify"]["sizes"] == [1, 4, 16] and row["verify"]["relative"][0] == 1.0
         assert row["verify"]["one_token_ms"] > 0
         assert set(row["drafting"]) == {"medusa", "eagle"}
@@ -35,6 +36,8 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
                 parts = family[tree]
                 assert parts["step_ms"] > 0 and parts["draft_ms"] > 0 and parts["verify_ms"] > 0
                 assert parts["tokens_per_step"] >= 1
+            for tree in ("sparse64", "chain4"):                   # a CPU: no graph, and the file says why
+                assert family[tree]["draft_graph"]["mode"] == "eager" and family[tree]["draft_graph"]["fallback"]
 
 
 @pytest.mark.parametrize("override,match", [("+bench_gpu.shapes=[llama_70b]", "llama_70b"),

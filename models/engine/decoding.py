@@ -226,8 +226,9 @@ def drafter_taps(drafter) -> tuple[int, ...]:
 
 
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
-            drafter: StepDrafter | None = None) -> DecodeState:
-    """The prompt ids [1, T] through the base model -> the state with the first new token as root."""
+            drafter: StepDrafter | None = None, static_drafts: bool = False) -> DecodeState:
+    """The prompt ids [1, T] through the base model -> the state with the first new token as root. static_drafts:
+    the drafter may replay its drafts as CUDA graphs (DraftContext.static)."""
     decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
     cache = new_cache()
     with LayerTaps(decoder, drafter_taps(drafter)) as tapped:
@@ -235,7 +236,7 @@ def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch
     root = _first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
     if drafter is not None:
         features = hidden if not tapped.taps else tapped.features()[0]                               # [T, w]
-        drafter.start(DraftContext(ids[0], features, sampling, generator))
+        drafter.start(DraftContext(ids[0], features, sampling, generator, static=static_drafts))
     return DecodeState(decoder, logits, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
 
 
@@ -319,7 +320,8 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
     autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
     emitted (streaming). static: the static step (models/engine/static_step.py: fixed shapes, CUDA graphs on
-    CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen)."""
+    CUDA) and drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: as the
+    host settings say (models.hardware, host.static_step and host.static_drafts; off unless chosen)."""
     if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
                          ">= 0 (0 returns an empty answer)")
@@ -345,8 +347,11 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
     base_logits(model)                                    # its one-time check outside the clock
     t0 = time.perf_counter()
-    state = prefill(model, ids, sampling, generator, drafter)
-    if applied_host_settings(device).get("static_step", False) if static is None else static:
+    host = applied_host_settings(device)
+    static_step = host.get("static_step", False) if static is None else static
+    static_drafts = static_step and (host.get("static_drafts", True) if static is None else static)
+    state = prefill(model, ids, sampling, generator, drafter, static_drafts)
+    if static_step:
         attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager
     prefill_time = time.perf_counter() - t0
     out.emit([state.root], [False])

@@ -208,6 +208,16 @@ class TreeBuffers:
             self._on[key] = getattr(self, name).to(device)
         return self._on[key]
 
+    def levels_on(self, device: torch.device | str) -> list[DepthLevel]:
+        """`levels` with their index tensors on `device` (one copy per device, kept): a draft indexes its device
+        tensors with them, without a host-to-device copy per depth (which a CUDA graph could not capture)."""
+        key = ("levels", str(device))
+        if key not in self._on:
+            self._on[key] = [DepthLevel(*(getattr(lv, f).to(device) for f in ("nodes", "ranks", "parents",
+                                                                               "parent_slot", "parent_paths")),
+                                        num_ranks=lv.num_ranks) for lv in self.levels]
+        return self._on[key]
+
     def additive_mask(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype and device)."""
         key = (dtype, str(device))

@@ -42,6 +42,8 @@ class AutoregressiveProposer:
     draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full vocabulary
     with the model's logit transform."""
 
+    capturable = False     # its draft cache grows with every accepted step: no fixed shapes to replay a graph at
+
     def __init__(self, heads=None, eagle=None):
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
@@ -105,7 +107,7 @@ class AutoregressiveProposer:
 
     # -- proposals -----------------------------------------------------------------------------
     def begin(self, root: int, depth: int) -> None:
-        self.accepted, self.pred, self.run = self.cache.get_seq_length(), None, torch.empty(0, dtype=torch.long)
+        self.accepted, self.pred, self.run = self.cache.get_seq_length(), None, None
 
     @torch.no_grad()
     def scores(self, frontier: Frontier) -> torch.Tensor:
@@ -113,7 +115,7 @@ class AutoregressiveProposer:
         tree-masked) -> the logits of their children [R, Vd]; their predicted features kept for the next depth."""
         device, dtype, nodes = self.feature.device, self.eagle.dtype, frontier.nodes
         feats = self.feature[None] if frontier.depth == 0 else self.pred[frontier.parents]       # [R, h]
-        self.run = torch.cat([self.run, nodes])                                                  # [C] in cache order
+        self.run = nodes if self.run is None else torch.cat([self.run, nodes])                  # [C] in cache order
         mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
         seen = frontier.ancestors[:, self.run].to(device)                                        # [R, C]
         mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)

@@ -29,8 +29,11 @@ from models.heads.families import get_family
 
 class HeadsProposer:
     """heads: a DraftHeads, or any object with its config, head_logits (and read_hidden when its family has a
-    prefix_layer: Hydra++)."""
+    prefix_layer: Hydra++). Its drafts read h_t from one buffer that advance and rewind overwrite in place, and
+    nothing else that changes between steps, so a fixed tree's draft can be replayed as a CUDA graph (capturable;
+    models/engine/drafters/graphed.py)."""
     taps = ()
+    capturable = True
 
     def __init__(self, heads):
         self.heads, config = heads, heads.config
@@ -70,12 +73,25 @@ class HeadsProposer:
         else:
             pos = torch.arange(position, position + hidden.shape[0], device=hidden.device).unsqueeze(0)
             h = self.heads.read_hidden(hidden.unsqueeze(0), pos, cache=self.prefix_cache)[0, -1]
-        self.h = h if self.dtype is None else h.to(self.dtype)
-        self.history.push(position + hidden.shape[0], self.h)
+        h = h if self.dtype is None else h.to(self.dtype)
+        self.history.push(position + hidden.shape[0], h)
+        self.set_h(h)
+
+    def set_h(self, h: torch.Tensor) -> None:
+        """h_t into self.h: copied into the same storage as before where it fits (a captured draft reads that)."""
+        same = self.h is not None and (self.h.shape, self.h.dtype, self.h.device) == (h.shape, h.dtype, h.device)
+        if same and (torch.is_inference_mode_enabled() or not torch.is_inference(self.h)):
+            self.h.copy_(h)
+        else:
+            self.h = h.clone()
+
+    def static_inputs(self) -> tuple[torch.Tensor, ...]:
+        """What a draft reads that changes between steps (a captured draft checks their storage is unmoved)."""
+        return (self.h,)
 
     def rewind(self, position: int) -> None:
         """Back to the state after the first `position` positions: one of the last advances' ends."""
-        self.h = self.history.back_to(position)
+        self.set_h(self.history.back_to(position))
         if self.prefix_cache is not None:
             self.prefix_cache.crop(position - self.prefix_cache.get_seq_length())
 

@@ -6,15 +6,17 @@ built from configs with random weights at the papers' shapes (timing does not de
   smollm2_135m   SmolLM2-135M's config (576 wide, 30 layers, 9 heads / 3 KV heads, 49,152 vocabulary)
   tiny           the 2-layer test model (models.base.build_tiny_model): the command's own check, on a CPU
 For each shape, under torch's defaults, then the host settings (models/hardware.py, conf host.*), then those with
-the static step (models/engine/static_step.py: CUDA graphs; the verify profile stays eager):
+the static step (models/engine/static_step.py: CUDA graphs; the drafts stay eager), then with the drafts replayed as
+CUDA graphs too where the drafter can (static_drafts: models/engine/drafters/graphed.py):
   - our plain step: generate() without a drafter, decode ms a step;
   - transformers' generate, ms a token: plain, and with its static cache (which transformers compiles on CUDA;
     measured in the settings of bench_gpu.hf_static_in, by default the last, so that a long compile comes last);
   - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
   - each method's drafting (one random-headed family per head config of `pipeline_heads`) on the 63-node tree
     (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63), a 4-token chain and EAGLE-2's grown tree (conf/tree/eagle2.yaml):
-    draft, verify, accept, commit, step ms; with +bench_gpu.profile_drafting=true also a torch.profiler record of
-    draft() alone (kernel time against wall time: where drafting is host-bound).
+    draft, verify, accept, commit, step ms, and whether the draft replayed a graph (draft_graph); with
+    +bench_gpu.profile_drafting=true also a torch.profiler record of draft() alone (kernel time against wall time:
+    where drafting is host-bound).
 The file is rewritten after every setting, so a run cut short keeps what it measured (`complete` says which shapes
 finished).
 Writes reports/bench/gpu_<device>.json (bench_gpu.out to change it) with the device, library versions, the
@@ -62,7 +64,7 @@ SHAPES = {
 }
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
-            "hf_static_in": ["static_step"], "settings": None, "out": None, "profile_drafting": False,
+            "hf_static_in": ["static_drafts"], "settings": None, "out": None, "profile_drafting": False,
             "profile_repeats": 20}
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
@@ -174,6 +176,8 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
             row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
                           "step_ms": round(1e3 * res.decode_time / steps, 3),
                           "tokens_per_step": round(res.mean_accepted_length, 3)}
+            if hasattr(drafter, "graph_summary"):
+                row[tname]["draft_graph"] = drafter.graph_summary()
             if s["profile_drafting"]:
                 row[tname]["profile"] = draft_profile(model, drafter, prompt, repeats=int(s["profile_repeats"]))
         out[h["family"]] = {"heads": name, **row}
@@ -210,23 +214,24 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
                       "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
            "plain_tokens": list(plain.new_tokens)}
     row["drafting"] = drafting_costs(cfg, model, prompt, s)
-    if setting == "static_step":
+    if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
 
-SETTINGS = ("torch_defaults", "host_settings", "static_step")
+SETTINGS = ("torch_defaults", "host_settings", "static_step", "static_drafts")
 
 
 def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> dict:
     """Put torch in one of SETTINGS for `device`; -> the host record (models.hardware.host_record)."""
     if setting == "torch_defaults":
         return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False)
-    if setting == "static_step":
+    if setting in ("static_step", "static_drafts"):
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
-            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
+            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True,
+                        "static_drafts": setting == "static_drafts"}
     return apply_host(cfg, device)
 
 
@@ -263,7 +268,9 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
               "settings": {"torch_defaults": f"torch's own: {default_threads} host threads, cuDNN attention on",
                            "host_settings": "the project's host settings (models/hardware.py, conf host.*)",
                            "static_step": "the host settings with the static step (CUDA graphs; CUDA only, so "
-                                          "on a CPU the same as host_settings); the verify profile stays eager"},
+                                          "on a CPU the same as host_settings), the drafts eager",
+                           "static_drafts": "the static step, and each fixed tree's greedy draft replayed as a CUDA "
+                                            "graph where the drafter can (draft_graph says which did)"},
               "shapes": {}}
     path = Path(s["out"] or Path(cfg.paths.reports) / "bench" / f"gpu_{device_slug(device)}.json")
     for name in s["shapes"]:
@@ -274,9 +281,11 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
             host = apply_setting(cfg, device, setting, default_threads)
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
-                                      "static_step": bool(host["host_settings"].get("static_step", False))},
+                                      "static_step": bool(host["host_settings"].get("static_step", False)),
+                                      "static_drafts": bool(host["host_settings"].get("static_step", False)
+                                                            and host["host_settings"].get("static_drafts", True))},
                              "host_record": host, **measure_setting(cfg, model, s, setting)}
-            if setting == "static_step" and "host_settings" in rows:
+            if setting in ("static_step", "static_drafts") and "host_settings" in rows:
                 ref, got = rows["host_settings"]["plain_tokens"], rows[setting]["plain_tokens"]
                 rows[setting]["plain_tokens_equal_host_settings"] = ref == got
                 if ref != got:

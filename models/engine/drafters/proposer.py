@@ -100,32 +100,38 @@ def full_vocabulary_q(q: torch.Tensor, draft_ids: torch.Tensor | None, vocab_siz
 
 
 def level_frontier(buf: TreeBuffers, d: int, tokens: torch.Tensor) -> Frontier:
-    """The parents of buf.levels[d] (the nodes at depth d that have children) as a frontier."""
-    level = buf.levels[d]
+    """The parents of buf.levels[d] (the nodes at depth d that have children) as a frontier, its index tensors on
+    the tokens' device."""
+    level = buf.levels_on(tokens.device)[d]
     nodes = level.parents
-    return Frontier(d, nodes, buf.parent[nodes], tokens[level.parent_paths], buf.tree_mask[0, 0][nodes], tokens)
+    return Frontier(d, nodes, buf.on("parent", tokens.device)[nodes], tokens[level.parent_paths],
+                    buf.on("tree_mask", tokens.device)[0, 0][nodes], tokens)
 
 
-def draft_tree(proposer: Proposer, root: int, buf: TreeBuffers, sampling: SamplingConfig,
+def draft_tree(proposer: Proposer, root: int | torch.Tensor, buf: TreeBuffers, sampling: SamplingConfig,
                generator: torch.Generator | None = None, want_probs: bool = False):
-    """The tokens of the fixed tree `buf` below `root`, one proposer call per depth -> (tokens [N] (node 0 the
+    """The tokens of the fixed tree `buf` below `root` (a token id, or a one-element tensor on the proposer's device
+    holding it: a replayed CUDA graph reads it there), one proposer call per depth -> (tokens [N] (node 0 the
     root), draft_q(node) -> q [V] of its children when they were sampled, else None, node_probs [N]: the product
     of the draft's probabilities root -> node, with want_probs and top-k drafts, else None)."""
     device = proposer_device(proposer)
     tokens = torch.empty(buf.num_tokens, dtype=torch.long, device=device)
-    tokens[0] = root
+    if isinstance(root, torch.Tensor):
+        tokens[:1].copy_(root.reshape(1))
+    else:
+        tokens[0] = root
     probs = torch.ones(buf.num_tokens) if want_probs and not sampling.samples_drafts else None
     q_of = {}                                                              # parent node -> q [Vd]
     proposer.begin(root, len(buf.levels))
     try:
-        for d, level in enumerate(buf.levels):
+        for d, (level, here) in enumerate(zip(buf.levels, buf.levels_on(device))):
             logits = proposer.scores(level_frontier(buf, d, tokens))             # [P or 1, Vd]
             kids = select_children(logits, level.num_ranks, sampling, generator, want_logp=probs is not None)
-            slot = level.parent_slot if logits.shape[0] > 1 else torch.zeros_like(level.parent_slot)
-            tokens[level.nodes] = to_token_ids(proposer, kids.picks[slot, level.ranks])
+            slot = here.parent_slot if logits.shape[0] > 1 else torch.zeros_like(here.parent_slot)
+            tokens[here.nodes] = to_token_ids(proposer, kids.picks[slot, here.ranks])
             if probs is not None:
                 parent_p = probs[buf.parent[level.nodes]]
-                probs[level.nodes] = parent_p * kids.logp[slot, level.ranks].exp().float().cpu()
+                probs[level.nodes] = parent_p * kids.logp[slot, here.ranks].exp().float().cpu()
             if kids.q is not None:
                 q_of.update({int(p): kids.q[min(s, kids.q.shape[0] - 1)] for s, p in enumerate(level.parents)})
     finally:

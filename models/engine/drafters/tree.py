@@ -10,6 +10,7 @@ import torch
 
 from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
+from models.engine.drafters.graphed import GraphedDraft, why_not_capturable
 from models.engine.drafters.grown import GrownTreeDrafter
 from models.engine.drafters.proposer import Proposer, draft_tree, proposer_for
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
@@ -35,14 +36,23 @@ class TreeDrafter:
         self.want_probs = want_probs or self.step_cost is not None
         self.taps = tuple(self.proposer.taps)     # base states the proposer reads (EAGLE-3), else none
         self.sampling, self.generator, self.cutting = None, None, False
+        self.graphed: GraphedDraft | None = None  # the whole tree's draft as a CUDA graph, kept across decodes
+        self.static, self.not_graphed = False, "fixed-shape drafts not asked for (DraftContext.static)"
 
     def start(self, ctx: DraftContext) -> None:
         self.proposer.start(ctx)
         self.sampling, self.generator = ctx.sampling, ctx.generator
         self.cutting = self.step_cost is not None and not ctx.sampling.samples_drafts
+        why = why_not_capturable(self.proposer, ctx.sampling, self.cutting, self.want_probs) if ctx.static else \
+            "fixed-shape drafts not asked for (DraftContext.static)"
+        self.static, self.not_graphed = why is None, why
+        if self.static and self.graphed is None:
+            self.graphed = GraphedDraft(self.proposer, self.buf, capture=True)
 
     def draft(self, root: int, max_depth: int) -> Draft:
         buf = self.buf.to_depth(max_depth)
+        if self.static and buf is self.buf:          # the whole tree: the graph (near the limits: eager below)
+            return Draft(buf, self.graphed.draft(root))
         tokens, draft_q, probs = draft_tree(self.proposer, root, buf, self.sampling, self.generator, self.want_probs)
         if self.cutting and buf.num_tokens > 1:
             keep = cut_by_cost(probs.tolist(), self.step_cost)
@@ -55,6 +65,13 @@ class TreeDrafter:
 
     def rewind(self, position: int) -> None:
         self.proposer.rewind(position)
+
+    def graph_summary(self) -> dict:
+        """Whether drafts replay a CUDA graph (graphed.py), and why not where they do not."""
+        if self.static:
+            return self.graphed.summary()
+        return {"mode": "eager", "tree": self.buf.spec.name, "nodes": self.buf.num_tokens - 1,
+                "fallback": self.not_graphed}
 
 
 def tree_drafter(heads, tree: TreeSpec | TreeBuffers | GrownTree, step_cost: list[float] | None = None,

@@ -1,0 +1,111 @@
+"""Drafts replayed as CUDA graphs (models/engine/drafters/graphed.py): which drafters may, what they rely on (the
+proposer's state overwritten in place), that the host settings ask for them, and on a GPU that the replayed draft
+is the eager walk's and a decode with it the autoregressive one, token for token in float32."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from models.engine import decoding
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import generate, prefill
+from models.engine.drafters import make_drafter
+from models.engine.drafters.graphed import GraphedDraft, why_not_capturable
+from models.engine.drafters.proposer import draft_tree
+from models.engine.trees import TreeBuffers, tree_from_config
+from models.heads import HeadsConfig, build_heads
+from pipelines.common import CONF_DIR
+
+PROMPT = torch.randint(200, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+SPARSE64 = tree_from_config(OmegaConf.load(f"{CONF_DIR}/tree/sparse64.yaml"))
+
+
+def drafter_of(model, family: str, tree=SPARSE64, **spec):
+    torch.manual_seed(0)
+    heads = build_heads(HeadsConfig.for_base(model, family, 4, 1), model).to(next(model.parameters()).device).eval()
+    return make_drafter({"kind": "heads", "tree": tree, **spec}, heads=heads)
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_the_heads_keep_h_t_in_one_storage_through_advance_and_rewind(tiny_model, family):
+    """What a replayed graph reads must not move: h_t is overwritten in place, and rewinding restores its value."""
+    model, _ = tiny_model
+    drafter = drafter_of(model, family)
+    with torch.inference_mode():
+        state = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=drafter, static_drafts=True)
+        (h,) = drafter.proposer.static_inputs()
+        address, before = h.data_ptr(), h.clone()
+        past, root = state.past, state.root
+        decoding.decode_step(state, drafter, 8)
+        assert drafter.proposer.static_inputs()[0].data_ptr() == address and not torch.equal(h, before)
+        drafter.rewind(past)
+        state.rewind(past, root)
+        assert drafter.proposer.static_inputs()[0].data_ptr() == address and torch.equal(h, before)
+
+
+def test_which_drafts_may_be_replayed(tiny_model):
+    model, _ = tiny_model
+    heads = drafter_of(model, "medusa").proposer
+    eagle = drafter_of(model, "eagle").proposer
+    assert why_not_capturable(heads, SamplingConfig(), cutting=False, want_probs=False) is None
+    assert "not capturable" in why_not_capturable(eagle, SamplingConfig(), False, False)
+    assert "sampled" in why_not_capturable(heads, SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample"), False, False)
+    assert "host" in why_not_capturable(heads, SamplingConfig(), cutting=True, want_probs=True)
+
+
+def test_the_drafter_says_why_its_drafts_stay_eager(tiny_model):
+    """Not asked for (no static drafts), not capturable (EAGLE), and on a CPU the capture itself fails over to the
+    eager walk, which drafts what draft_tree drafts."""
+    model, _ = tiny_model
+    plain, eagle, asked = drafter_of(model, "hydra"), drafter_of(model, "eagle"), drafter_of(model, "hydra")
+    with torch.inference_mode():
+        prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=plain)
+        assert plain.graph_summary()["fallback"].startswith("fixed-shape drafts not asked for")
+        prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=eagle, static_drafts=True)
+        assert "not capturable" in eagle.graph_summary()["fallback"]
+        state = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=asked, static_drafts=True)
+        draft = asked.draft(state.root, 64)
+        summary = asked.graph_summary()
+        assert summary["mode"] == "eager" and "CUDA graphs capture CUDA work" in summary["fallback"]
+        reference = draft_tree(asked.proposer, state.root, TreeBuffers.build(SPARSE64), SamplingConfig())[0]
+        assert torch.equal(draft.tokens, reference) and summary["nodes"] == 63
+
+
+def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model, monkeypatch):
+    """generate(static=None): drafts are asked to be static only under host.static_step, and not when
+    host.static_drafts is false (the CUDA check stubbed; the static step itself left out)."""
+    from models import hardware
+
+    model, _ = tiny_model
+    asked = []
+    real = decoding.prefill
+    monkeypatch.setattr(decoding, "prefill", lambda *a, **k: asked.append(a[-1]) or real(*a, **k))
+    monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: None)
+    monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
+    drafter = drafter_of(model, "medusa")
+    for host in ({"static_step": False}, {"static_step": True}, {"static_step": True, "static_drafts": False}):
+        monkeypatch.setattr(hardware, "HOST_SETTINGS", host)
+        generate(model, None, PROMPT, drafter, max_new_tokens=3, stop_token_ids=[])
+    assert asked == [False, True, False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_on_cuda_a_replayed_draft_is_the_eager_walk_and_decodes_losslessly(tiny_model, family):
+    model, _ = tiny_model
+    model = model.to("cuda")
+    reference = generate(model, None, PROMPT, max_new_tokens=40, stop_token_ids=[], static=False)
+    drafter = drafter_of(model, family)
+    graphed = generate(model, None, PROMPT, drafter, max_new_tokens=40, stop_token_ids=[], static=True)
+    assert drafter.graph_summary() == {"mode": "cuda_graph", "tree": SPARSE64.name, "nodes": 63, "fallback": None}
+    assert graphed.new_tokens == reference.new_tokens
+    with torch.inference_mode():                           # the replay against the eager walk, state by state
+        state = prefill(model, torch.tensor([PROMPT], device="cuda"), SamplingConfig(), drafter=drafter,
+                        static_drafts=True)
+        for _ in range(6):
+            replayed = drafter.draft(state.root, 64).tokens
+            walked = draft_tree(drafter.proposer, state.root, drafter.buf, SamplingConfig())[0]
+            assert torch.equal(replayed, walked)
+            decoding.decode_step(state, drafter, 64)
+    assert isinstance(drafter.graphed, GraphedDraft) and drafter.graphed.graph is not None
