@@ -49,21 +49,23 @@ def test_which_drafts_may_be_replayed(tiny_model):
     heads = drafter_of(model, "medusa").proposer
     eagle = drafter_of(model, "eagle").proposer
     assert why_not_capturable(heads, SamplingConfig(), cutting=False, want_probs=False) is None
-    assert "not capturable" in why_not_capturable(eagle, SamplingConfig(), False, False)
+    assert why_not_capturable(eagle, SamplingConfig(), cutting=False, want_probs=False) is None
+    assert "not capturable" in why_not_capturable(object(), SamplingConfig(), False, False)
     assert "sampled" in why_not_capturable(heads, SamplingConfig(temperature=0.7, acceptance="sampling", draft="sample"), False, False)
     assert "host" in why_not_capturable(heads, SamplingConfig(), cutting=True, want_probs=True)
 
 
 def test_the_drafter_says_why_its_drafts_stay_eager(tiny_model):
-    """Not asked for (no static drafts), not capturable (EAGLE), and on a CPU the capture itself fails over to the
-    eager walk, which drafts what draft_tree drafts."""
+    """Not asked for (no static drafts), cut by cost (the probabilities are read on the host), and on a CPU the
+    capture itself fails over to the eager walk, which drafts what draft_tree drafts."""
     model, _ = tiny_model
-    plain, eagle, asked = drafter_of(model, "hydra"), drafter_of(model, "eagle"), drafter_of(model, "hydra")
+    plain, asked = drafter_of(model, "hydra"), drafter_of(model, "hydra")
+    cut = drafter_of(model, "hydra", step_cost=[1.0] * 64)
     with torch.inference_mode():
         prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=plain)
         assert plain.graph_summary()["fallback"].startswith("fixed-shape drafts not asked for")
-        prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=eagle, static_drafts=True)
-        assert "not capturable" in eagle.graph_summary()["fallback"]
+        prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=cut, static_drafts=True)
+        assert "read on the host" in cut.graph_summary()["fallback"]
         state = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=asked, static_drafts=True)
         draft = asked.draft(state.root, 64)
         summary = asked.graph_summary()
@@ -90,8 +92,41 @@ def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model
     assert asked == [False, True, False]
 
 
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "draft_model"])
+def test_a_static_draft_cache_drafts_and_decodes_what_the_growing_one_does(tiny_model, family, monkeypatch):
+    """The autoregressive drafters with their draft cache at fixed shapes (run eagerly on a CPU, the walk a graph
+    would replay): every draft equals the growing cache's, through accepted paths, rewinds and the cache growing
+    to a new capacity (made small here so that it grows), and the decode equals the autoregressive one."""
+    from models.heads import static_draft_cache
+
+    monkeypatch.setattr(static_draft_cache, "ROOM", 16)
+    monkeypatch.setattr(static_draft_cache, "CAPACITY_STEP", 8)
+    model, _ = tiny_model
+    static, growing = drafter_of(model, family), drafter_of(model, family)
+    with torch.inference_mode():
+        a = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=static, static_drafts=True)
+        b = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=growing)
+        assert static.proposer.static is not None and growing.proposer.static is None
+        capacities = {static.proposer.static.capacity}
+        for step in range(12):
+            assert torch.equal(static.draft(a.root, 64).tokens, growing.draft(b.root, 64).tokens), step
+            if step % 4 == 3:                                   # a step taken and undone, as time_step does
+                past, root = a.past, a.root
+                decoding.decode_step(a, static, 64)
+                a.rewind(past, root)
+                static.rewind(past)
+            decoding.decode_step(a, static, 64)
+            decoding.decode_step(b, growing, 64)
+            assert a.root == b.root and a.past == b.past
+            capacities.add(static.proposer.static.capacity)
+        assert len(capacities) > 1                              # it grew, and drafted the same after
+    reference = generate(model, None, PROMPT, max_new_tokens=40, stop_token_ids=[])
+    decoded = generate(model, None, PROMPT, static, max_new_tokens=40, stop_token_ids=[], static=True)
+    assert decoded.new_tokens == reference.new_tokens
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp", "eagle", "eagle3", "draft_model"])
 def test_on_cuda_a_replayed_draft_is_the_eager_walk_and_decodes_losslessly(tiny_model, family):
     model, _ = tiny_model
     model = model.to("cuda")

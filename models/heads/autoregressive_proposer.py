@@ -24,6 +24,11 @@ additive mask (every accepted row visible; of the drafted rows, the node's ances
 as the base's verify step). The node's predicted feature through the LM head gives its children's logits
 (select_children picks them). end() crops the drafted rows off, so the cache again holds the accepted pairs
 only. The draft layer attends to the whole context (a sliding window is not applied to it).
+
+With DraftContext.static (a fixed tree's drafts replayed as a CUDA graph: models/engine/drafters/graphed.py) the
+draft cache is a StaticDraftCache instead (models/heads/static_draft_cache.py): fixed capacity, the accepted rows'
+count read from a device tensor that prepare_static fills before each draft, f_{P-1} overwritten in place, and
+end() drops nothing (the next rows overwrite the drafted ones, and the masks hide them until then).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from models.engine.drafters.base import AdvanceHistory, DraftContext
 from models.engine.drafters.proposer import Frontier
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
+from models.heads.static_draft_cache import StaticDraftCache
 
 __all__ = ["AutoregressiveProposer"]
 
@@ -42,7 +48,7 @@ class AutoregressiveProposer:
     draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full vocabulary
     with the model's logit transform."""
 
-    capturable = False     # its draft cache grows with every accepted step: no fixed shapes to replay a graph at
+    capturable = True      # with a static draft cache (DraftContext.static): the draft's shapes are fixed
 
     def __init__(self, heads=None, eagle=None):
         if (heads is None) == (eagle is None):
@@ -63,6 +69,7 @@ class AutoregressiveProposer:
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
         self.history = AdvanceHistory()                # (P, f_{P-1}) after each of the last advances
         self.accepted, self.pred, self.run = 0, None, None   # while drafting: cache rows kept, [N, h], nodes run
+        self.static: StaticDraftCache | None = None    # the draft cache at fixed shapes, when asked for
 
     @property
     def device(self) -> torch.device:
@@ -75,13 +82,29 @@ class AutoregressiveProposer:
         hidden, input_ids = ctx.hidden, ctx.input_ids
         if input_ids is None:
             raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
-        self.cache = new_cache()
         self.history.clear()
         T = hidden.shape[0]
+        if ctx.static:
+            self.static = StaticDraftCache.for_prompt(self.static, len(self.eagle.layers), T, hidden.device,
+                                                      self.eagle.dtype)
+            self.cache = self.static.cache
+        else:
+            self.static, self.cache = None, new_cache()
         if T > 1:
             pos = torch.arange(T - 1, device=hidden.device)[None]                  # [1, T-1]
-            self.eagle(hidden[None, :-1], input_ids[None, 1:].to(hidden.device), pos, cache=self.cache)
+            self.write(hidden[None, :-1], input_ids[None, 1:].to(hidden.device), pos)
         self.keep(T, hidden[-1])
+
+    def write(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> None:
+        """Accepted pairs [1, m, h], [1, m] at positions [1, m] into the draft cache (causal over what it holds)."""
+        if self.static is None:
+            self.eagle(feats, tokens, pos, cache=self.cache)
+            return
+        m = tokens.shape[1]
+        self.static = self.static.with_room(m)
+        self.cache = self.static.cache
+        self.eagle(feats, tokens, pos, cache=self.cache, attention_mask=self.static.rows(m))
+        self.static.commit(m)
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
@@ -93,17 +116,44 @@ class AutoregressiveProposer:
         feats = torch.cat([self.feature[None], hidden[:-1].to(self.feature.dtype)])      # [m, h]
         toks = torch.as_tensor(tokens, dtype=torch.long, device=hidden.device)           # [m]
         pos = torch.arange(position - 1, position - 1 + m, device=hidden.device)         # [m]
-        self.eagle(feats[None], toks[None], pos[None], cache=self.cache)
+        self.write(feats[None], toks[None], pos[None])
         self.keep(position + m, hidden[-1])
 
     def keep(self, positions: int, feature: torch.Tensor) -> None:
-        self.feature = feature.to(self.eagle.dtype)
-        self.history.push(positions, self.feature)
+        feature = feature.to(self.eagle.dtype)
+        self.history.push(positions, feature)
+        self.set_feature(feature)
+
+    def set_feature(self, feature: torch.Tensor) -> None:
+        """f_{P-1} into self.feature: in the same storage as before where it fits (a captured draft reads that)."""
+        f = self.feature
+        same = f is not None and (f.shape, f.dtype, f.device) == (feature.shape, feature.dtype, feature.device)
+        if same and (torch.is_inference_mode_enabled() or not torch.is_inference(f)):
+            f.copy_(feature)
+        else:
+            self.feature = feature.clone()
 
     def rewind(self, position: int) -> None:
         """Back to the state after the first `position` positions: one of the last advances' ends."""
-        self.feature = self.history.back_to(position, "the eagle drafter")
-        self.cache.crop(position - 1 - self.cache.get_seq_length())
+        self.set_feature(self.history.back_to(position, "the eagle drafter"))
+        if self.static is not None:
+            self.static.crop(position - 1)
+        else:
+            self.cache.crop(position - 1 - self.cache.get_seq_length())
+
+    def static_inputs(self) -> tuple[torch.Tensor, ...]:
+        """What a draft reads that changes between steps (a captured draft checks their storage is unmoved)."""
+        if self.static is None:
+            raise ValueError("the eagle drafter's drafts have fixed shapes only with a static draft cache "
+                             "(DraftContext.static)")
+        return (self.feature, *self.static.tensors())
+
+    def prepare_static(self, num_nodes: int) -> None:
+        """Before a draft of num_nodes tree rows, outside a captured graph: room for them, and the accepted rows'
+        count where the draft reads it."""
+        self.static = self.static.with_room(num_nodes)
+        self.cache = self.static.cache
+        self.static.set_base()
 
     # -- proposals -----------------------------------------------------------------------------
     def begin(self, root: int, depth: int) -> None:
@@ -115,11 +165,16 @@ class AutoregressiveProposer:
         tree-masked) -> the logits of their children [R, Vd]; their predicted features kept for the next depth."""
         device, dtype, nodes = self.feature.device, self.eagle.dtype, frontier.nodes
         feats = self.feature[None] if frontier.depth == 0 else self.pred[frontier.parents]       # [R, h]
+        offset = 0 if self.run is None else self.run.numel()
         self.run = nodes if self.run is None else torch.cat([self.run, nodes])                  # [C] in cache order
-        mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
         seen = frontier.ancestors[:, self.run].to(device)                                        # [R, C]
-        mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)
-        pos = torch.full((1, nodes.numel()), self.accepted + frontier.depth, dtype=torch.long, device=device)
+        if self.static is not None:                # graph-safe: slots and positions from the device's base
+            mask = self.static.tree_rows(offset, seen)
+            pos = (self.static.base + frontier.depth).expand(1, nodes.numel())
+        else:
+            mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
+            mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)
+            pos = torch.full((1, nodes.numel()), self.accepted + frontier.depth, dtype=torch.long, device=device)
         out = self.eagle(feats[None], frontier.tokens[nodes][None], pos, cache=self.cache, attention_mask=mask)[0]
         n = frontier.tokens.numel()
         if self.pred is None or self.pred.shape[0] < n:
@@ -131,5 +186,6 @@ class AutoregressiveProposer:
         return self.logits(self.eagle.readout(out).to(self.head_dtype))
 
     def end(self) -> None:
-        self.cache.crop(self.accepted - self.cache.get_seq_length())                            # drafted rows off
+        if self.static is None:
+            self.cache.crop(self.accepted - self.cache.get_seq_length())                        # drafted rows off
         self.pred, self.run = None, None

@@ -6,12 +6,13 @@
 On a GPU a draft is host time: the draft heads' walk over the 63-node tree launches about 90-150 small kernels
 (Medusa-1 to Hydra++) whose kernel time is a fifth of the draft's wall time (docs/engine.md). The walk of
 draft_tree over a fixed tree at greedy acceptance is the same sequence of kernels at the same shapes every step:
-only the root token and the proposer's state (Medusa's and Hydra's h_t) change. A proposer that keeps that state
-in tensors overwritten in place (`capturable = True`, and `static_inputs()` names those tensors: HeadsProposer)
-can therefore have the whole walk captured
+only the root token and the proposer's state change. A proposer that keeps that state in tensors overwritten in
+place (`capturable = True`, and `static_inputs()` names those tensors) can therefore have the whole walk captured
 once and replayed: the root goes into a one-element device buffer, the graph writes the tokens into a buffer of
-its own, and the draft returns a copy of them. The autoregressive proposers (EAGLE, EAGLE-3, the draft model)
-are not capturable: their draft cache grows with every accepted step.
+its own, and the draft returns a copy of them. The draft heads' state is h_t (HeadsProposer); the autoregressive
+drafters' (EAGLE, EAGLE-3, the draft model) is their draft cache, which grows with every accepted step, so with
+DraftContext.static they keep it at a fixed capacity and read the accepted rows' count from the device
+(models/heads/static_draft_cache.py), filled by `prepare_static(num_nodes)` before each draft.
 Off a CUDA device (or where capture fails) the same walk runs eagerly from the same buffers, and `fallback` says
 why; the eager walk is the reference the graph is checked against (tests/test_cuda.py).
 """
@@ -24,6 +25,13 @@ from models.engine.drafters.proposer import Proposer, draft_tree, proposer_devic
 from models.engine.trees import TreeBuffers
 
 GREEDY = SamplingConfig()        # top-k drafts: what a graph replays (sampled drafts draw new random numbers)
+
+
+def prepare_static(proposer: Proposer, num_nodes: int) -> None:
+    """What a proposer with fixed-shape state does before each draft of num_nodes nodes, outside the graph."""
+    prepare = getattr(proposer, "prepare_static", None)
+    if prepare is not None:
+        prepare(num_nodes)
 
 
 def why_not_capturable(proposer: Proposer, sampling: SamplingConfig, cutting: bool, want_probs: bool) -> str | None:
@@ -72,6 +80,7 @@ class GraphedDraft:
         if self.root is None:
             self.root = torch.zeros(1, dtype=torch.long, device=proposer_device(self.proposer))
         self.root.fill_(root)
+        prepare_static(self.proposer, self.buf.num_tokens)
         if self.graph is not None and self._addresses() != self.inputs:     # the proposer's state moved: capture anew
             self.graph, self.mode = None, "eager"
         if self.graph is None and self.capture and self.fallback is None:

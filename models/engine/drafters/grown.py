@@ -19,6 +19,8 @@ sampling rule is exact only over all the children drawn below a node.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from models.engine.drafters.base import Draft, DraftContext
@@ -114,7 +116,7 @@ class GrownTreeDrafter:
                              "of the children drawn below a node, and lossless sampling needs every draw; use "
                              "draft='topk' (exact: each child a point mass), greedy or typical acceptance, or a "
                              "fixed tree")
-        self.proposer.start(ctx)
+        self.proposer.start(replace(ctx, static=False))          # a grown tree's shapes change every step
         self.sampling, self.generator = ctx.sampling, ctx.generator
 
     def levels(self, max_depth: int) -> int:

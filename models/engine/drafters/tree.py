@@ -6,11 +6,13 @@ per step (tree=eagle2, dynamic_optimal: grown.py), built from the same spec kind
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from models.engine.drafters.base import Draft, DraftContext, register_drafter
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
-from models.engine.drafters.graphed import GraphedDraft, why_not_capturable
+from models.engine.drafters.graphed import GraphedDraft, prepare_static, why_not_capturable
 from models.engine.drafters.grown import GrownTreeDrafter
 from models.engine.drafters.proposer import Proposer, draft_tree, proposer_for
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
@@ -40,19 +42,21 @@ class TreeDrafter:
         self.static, self.not_graphed = False, "fixed-shape drafts not asked for (DraftContext.static)"
 
     def start(self, ctx: DraftContext) -> None:
-        self.proposer.start(ctx)
         self.sampling, self.generator = ctx.sampling, ctx.generator
         self.cutting = self.step_cost is not None and not ctx.sampling.samples_drafts
         why = why_not_capturable(self.proposer, ctx.sampling, self.cutting, self.want_probs) if ctx.static else \
             "fixed-shape drafts not asked for (DraftContext.static)"
         self.static, self.not_graphed = why is None, why
+        self.proposer.start(replace(ctx, static=self.static))     # the proposer's state at fixed shapes, or not
         if self.static and self.graphed is None:
             self.graphed = GraphedDraft(self.proposer, self.buf, capture=True)
 
     def draft(self, root: int, max_depth: int) -> Draft:
         buf = self.buf.to_depth(max_depth)
-        if self.static and buf is self.buf:          # the whole tree: the graph (near the limits: eager below)
-            return Draft(buf, self.graphed.draft(root))
+        if self.static:
+            if buf is self.buf:                       # the whole tree: the graph
+                return Draft(buf, self.graphed.draft(root))
+            prepare_static(self.proposer, buf.num_tokens)     # near the limits: a smaller tree, eagerly
         tokens, draft_q, probs = draft_tree(self.proposer, root, buf, self.sampling, self.generator, self.want_probs)
         if self.cutting and buf.num_tokens > 1:
             keep = cut_by_cost(probs.tolist(), self.step_cost)
