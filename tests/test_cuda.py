@@ -148,18 +148,23 @@ def assert_gpu_host_record(host: dict) -> None:
     assert host["host_settings"]["cudnn_attention"] is False and host["sdp_backends"]["cudnn"] is False
 
 
-def test_the_evaluate_stage_runs_on_the_gpu_under_the_host_settings(stage_cfg, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static_step"])
+def test_the_evaluate_stage_runs_on_the_gpu_under_the_host_settings(stage_cfg, tmp_path, static):  # noqa: F811
+    """Eager, and with host.static_step (the base step and the drafts replayed as CUDA graphs): the stage's own
+    check finds every method's greedy answer equal to the baseline's."""
     from omegaconf import open_dict
 
     from pipelines.evaluate import run_evaluation
 
     with open_dict(stage_cfg):
         stage_cfg.eval.device = "cuda"
+        stage_cfg.host.static_step = static
     summary = run_evaluation(stage_cfg)                    # raises LosslessnessError on any lost token
     assert "medusa1-chain4" in summary["methods"] and "hydra-sparse64" in summary["methods"]
     metrics = [json.loads(p.read_text()) for p in (tmp_path / "reports" / "metrics").glob("*.json")]
     assert len(metrics) == 1
     assert_gpu_host_record(metrics[0]["host"])
+    assert metrics[0]["host"]["host_settings"]["static_step"] is static
 
 
 def test_the_calibrate_stage_runs_on_the_gpu_under_the_host_settings(tmp_path):
