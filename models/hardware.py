@@ -44,11 +44,7 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 # static_step: the fixed-shape step replayed as CUDA graphs (models/engine/static_step.py): 9.8 ms a 7B plain step on
 # an H100 against 20.2 eager, but off by default: its bf16 greedy output left the eager step's at a margin beyond the
 # tie rule on a random 7B (docs/engine.md).
-# static_drafts: with the static step, a fixed tree's greedy draft is replayed as one CUDA graph (models/engine/
-# drafters/graphed.py); false keeps every draft eager. On an H200 a 7B-shaped draft on the 63-node tree went from
-# 1.0-12.5 ms to 0.34-3.1 ms, its kernel time (docs/engine.md).
-CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False, "static_drafts": True}
-BOOLEAN_HOST_SETTINGS = ("cudnn_attention", "static_step", "static_drafts")
+CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False}
 HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process (host_record reports it)
 
 
@@ -57,33 +53,30 @@ def is_cuda(device) -> bool:
     return str(device).startswith("cuda")
 
 
-def choose_host_settings(device, threads="default", cudnn_attention="default", static_step="default",
-                         static_drafts="default") -> dict:
+def choose_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
     """The host settings for decoding on `device`: {} on a CPU; on CUDA {"threads", "cudnn_attention",
-    "static_step", "static_drafts"}, each the value given, CUDA_HOST_DEFAULTS' for "default", or left out for None
-    (torch's own stays; no static step)."""
+    "static_step"}, each the value given, CUDA_HOST_DEFAULTS' for "default", or left out for None (torch's own
+    stays; no static step)."""
     if not is_cuda(device):
         return {}
     chosen = {}
-    for key, value in (("threads", threads), ("cudnn_attention", cudnn_attention), ("static_step", static_step),
-                       ("static_drafts", static_drafts)):
+    for key, value in (("threads", threads), ("cudnn_attention", cudnn_attention), ("static_step", static_step)):
         value = CUDA_HOST_DEFAULTS[key] if value == "default" else value
         if value is None:
             continue
         if key == "threads" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"host threads={value!r}: use a whole number >= 1, or null to leave torch's own")
-        if key in BOOLEAN_HOST_SETTINGS and not isinstance(value, bool):
+        if key in ("cudnn_attention", "static_step") and not isinstance(value, bool):
             raise ValueError(f"host {key}={value!r}: use true, false, or null to leave torch's own")
         chosen[key] = value
     return chosen
 
 
-def apply_host_settings(device, threads="default", cudnn_attention="default", static_step="default",
-                        static_drafts="default") -> dict:
+def apply_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
     """Choose (choose_host_settings) and set the host settings for decoding on `device`; -> host_record(device).
-    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step and
-    static_drafts are read by the decoder (models.engine.decoding.generate) from HOST_SETTINGS."""
-    chosen = choose_host_settings(device, threads, cudnn_attention, static_step, static_drafts)
+    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step is read by
+    the decoder (models.engine.decoding.generate) from HOST_SETTINGS."""
+    chosen = choose_host_settings(device, threads, cudnn_attention, static_step)
     if "threads" in chosen:
         torch.set_num_threads(chosen["threads"])
     if "cudnn_attention" in chosen:

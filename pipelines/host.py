@@ -14,10 +14,9 @@ from models.hardware import apply_host_settings
 
 def apply_host(cfg: DictConfig, device: str) -> dict:
     """The host settings for decoding on `device` from cfg.host (conf/config.yaml; `host.cuda_threads=16`,
-    `host.cudnn_attention=null` to leave torch's own, `host.static_step=true` for CUDA graphs, `host.static_drafts=false` to keep the drafts eager under it), applied after the stage's own thread count: on CUDA they
+    `host.cudnn_attention=null` to leave torch's own, `host.static_step=true` for CUDA graphs), applied after the stage's own thread count: on CUDA they
     win, on a CPU nothing changes. -> the record every timed stage writes into its metrics (models.hardware)."""
     host = cfg.get("host") or {}
     return apply_host_settings(device, threads=host.get("cuda_threads", "default"),
                                cudnn_attention=host.get("cudnn_attention", "default"),
-                               static_step=host.get("static_step", "default"),
-                               static_drafts=host.get("static_drafts", "default"))
+                               static_step=host.get("static_step", "default"))

@@ -75,8 +75,8 @@ def test_the_drafter_says_why_its_drafts_stay_eager(tiny_model):
 
 
 def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model, monkeypatch):
-    """generate(static=None): drafts are asked to be static only under host.static_step, and not when
-    host.static_drafts is false (the CUDA check stubbed; the static step itself left out)."""
+    """generate(static=None): drafts are asked to be static only under host.static_step, and not when the caller
+    keeps them eager (static_drafts=False; the CUDA check stubbed, the static step itself left out)."""
     from models import hardware
 
     model, _ = tiny_model
@@ -86,9 +86,9 @@ def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model
     monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: None)
     monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
     drafter = drafter_of(model, "medusa")
-    for host in ({"static_step": False}, {"static_step": True}, {"static_step": True, "static_drafts": False}):
-        monkeypatch.setattr(hardware, "HOST_SETTINGS", host)
-        generate(model, None, PROMPT, drafter, max_new_tokens=3, stop_token_ids=[])
+    for static_step, static_drafts in ((False, None), (True, None), (True, False)):
+        monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": static_step})
+        generate(model, None, PROMPT, drafter, max_new_tokens=3, stop_token_ids=[], static_drafts=static_drafts)
     assert asked == [False, True, False]
 
 

@@ -12,19 +12,16 @@ from pipelines.host import apply_host
 
 
 def test_cuda_gets_one_thread_and_no_cudnn_attention_a_cpu_gets_nothing():
-    assert hardware.choose_host_settings("cuda") == {"threads": 1, "cudnn_attention": False, "static_step": False,
-                                                     "static_drafts": True}
-    assert hardware.choose_host_settings("cuda:1", threads=16, cudnn_attention=True, static_step=True,
-                                         static_drafts=False) == {
-        "threads": 16, "cudnn_attention": True, "static_step": True, "static_drafts": False}
-    assert hardware.choose_host_settings("cuda", None, None, None, None) == {}        # torch's own stays, no static step
+    assert hardware.choose_host_settings("cuda") == {"threads": 1, "cudnn_attention": False, "static_step": False}
+    assert hardware.choose_host_settings("cuda:1", threads=16, cudnn_attention=True, static_step=True) == {
+        "threads": 16, "cudnn_attention": True, "static_step": True}
+    assert hardware.choose_host_settings("cuda", None, None, None) == {}        # torch's own stays, no static step
     assert hardware.choose_host_settings("cpu") == {}
     assert hardware.choose_host_settings(torch.device("cpu"), threads=4) == {}
 
 
 @pytest.mark.parametrize("key,value", [("threads", 0), ("threads", "many"), ("threads", True),
-                                       ("cudnn_attention", "off"), ("static_step", 1),
-                                       ("static_drafts", "yes")])
+                                       ("cudnn_attention", "off"), ("static_step", 1)])
 def test_bad_host_settings_name_the_value(key, value):
     with pytest.raises(ValueError, match=repr(value)):
         hardware.choose_host_settings("cuda", **{key: value})
@@ -54,7 +51,7 @@ def fake_cuda(monkeypatch):
 def test_config_overrides_reach_the_switches(fake_cuda, compose_cfg):
     record = apply_host(compose_cfg("host.cuda_threads=3", "host.cudnn_attention=null"), "cuda")
     assert fake_cuda == {"threads": [3], "cudnn": []}
-    assert record["host_settings"] == {"threads": 3, "static_step": False, "static_drafts": True}
+    assert record["host_settings"] == {"threads": 3, "static_step": False}
 
 
 def test_evaluate_on_cuda_takes_the_host_settings_and_records_them(fake_cuda, compose_cfg, tmp_path):
@@ -73,6 +70,5 @@ def test_evaluate_on_cuda_takes_the_host_settings_and_records_them(fake_cuda, co
     assert fake_cuda["threads"] == [2, 5] and fake_cuda["cudnn"] == [False]
     (metrics_file,) = (tmp_path / "reports" / "metrics").glob("evaluate_*.json")
     host = json.loads(metrics_file.read_text())["host"]
-    assert host["host_settings"] == {"threads": 5, "cudnn_attention": False, "static_step": False,
-                                     "static_drafts": True}
+    assert host["host_settings"] == {"threads": 5, "cudnn_attention": False, "static_step": False}
     assert host["device"] == "cpu" and host["torch"] == torch.__version__ and "cuda" in host

@@ -316,12 +316,14 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
-             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool | None = None) -> GenerationResult:
+             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool | None = None,
+             static_drafts: bool | None = None) -> GenerationResult:
     """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
     autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
     emitted (streaming). static: the static step (models/engine/static_step.py: fixed shapes, CUDA graphs on
-    CUDA) and drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: as the
-    host settings say (models.hardware, host.static_step and host.static_drafts; off unless chosen)."""
+    CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen). static_drafts:
+    drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: with the static
+    step (False keeps them eager under it, to compare)."""
     if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
                          ">= 0 (0 returns an empty answer)")
@@ -347,9 +349,8 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
     base_logits(model)                                    # its one-time check outside the clock
     t0 = time.perf_counter()
-    host = applied_host_settings(device)
-    static_step = host.get("static_step", False) if static is None else static
-    static_drafts = static_step and (host.get("static_drafts", True) if static is None else static)
+    static_step = applied_host_settings(device).get("static_step", False) if static is None else static
+    static_drafts = static_step if static_drafts is None else static_drafts
     state = prefill(model, ids, sampling, generator, drafter, static_drafts)
     if static_step:
         attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager

@@ -28,17 +28,18 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def draft_profile(model, drafter, prompt_ids, repeats: int = 20, max_depth: int = 64, top: int = 8) -> dict:
+def draft_profile(model, drafter, prompt_ids, repeats: int = 20, max_depth: int = 64, top: int = 8,
+                  static_drafts: bool | None = None) -> dict:
     """Per draft, averaged over `repeats` drafts of the same root (draft() does not move the drafter on), the
-    drafts replayed as CUDA graphs where the host settings ask for it (host.static_step and static_drafts):
+    drafts replayed as CUDA graphs where static_drafts says so (None: as generate() decides, with the host
+    settings' static step):
     wall_ms (synchronised), device_busy_ms (summed kernel time), kernels (launches), top_host_ops (the ops
     with the most host self time, ms a draft) and host_ops (aten ops dispatched)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: profile at least one draft")
     device = next(model.parameters()).device
     ids = torch.as_tensor(prompt_ids, device=device).reshape(1, -1)
-    host = applied_host_settings(device)
-    static = bool(host.get("static_step", False) and host.get("static_drafts", True))    # as generate() decides
+    static = applied_host_settings(device).get("static_step", False) if static_drafts is None else static_drafts
     state = prefill(model, ids, SamplingConfig(), None, drafter, static_drafts=static)
     drafter.draft(state.root, max_depth)                    # warm-up, outside the profile
     _sync(device)

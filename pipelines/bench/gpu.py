@@ -156,8 +156,9 @@ def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str,
     return out
 
 
-def drafting_costs(cfg, model, prompt, s: dict) -> dict:
-    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads."""
+def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = None) -> dict:
+    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads;
+    static_drafts: False keeps the drafts eager under the static step (None: as generate() decides)."""
     trees = {t: tree_from_config(conf_option("tree", t)) for t in s["trees"]}
     out = {}
     for name, h in family_heads(cfg, s["families"]):
@@ -171,8 +172,10 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
         for tname, tree in trees.items():
             drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
             # warm up: deep enough for the whole tree, so a draft replayed as a graph is captured outside the clock
-            generate(model, None, prompt[:32], drafter, max_new_tokens=16, stop_token_ids=[])
-            res = generate(model, None, prompt, drafter, max_new_tokens=s["new_tokens"], stop_token_ids=[])
+            generate(model, None, prompt[:32], drafter, max_new_tokens=16, stop_token_ids=[],
+                     static_drafts=static_drafts)
+            res = generate(model, None, prompt, drafter, max_new_tokens=s["new_tokens"], stop_token_ids=[],
+                           static_drafts=static_drafts)
             steps = max(1, res.steps)
             row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
                           "step_ms": round(1e3 * res.decode_time / steps, 3),
@@ -180,7 +183,8 @@ def drafting_costs(cfg, model, prompt, s: dict) -> dict:
             if hasattr(drafter, "graph_summary"):
                 row[tname]["draft_graph"] = drafter.graph_summary()
             if s["profile_drafting"]:
-                row[tname]["profile"] = draft_profile(model, drafter, prompt, repeats=int(s["profile_repeats"]))
+                row[tname]["profile"] = draft_profile(model, drafter, prompt, repeats=int(s["profile_repeats"]),
+                                                      static_drafts=static_drafts)
         out[h["family"]] = {"heads": name, **row}
         del heads
     return out
@@ -214,7 +218,7 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
            "verify": {"sizes": prof["sizes"], "relative": [round(x, 4) for x in prof["relative"]],
                       "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
            "plain_tokens": list(plain.new_tokens)}
-    row["drafting"] = drafting_costs(cfg, model, prompt, s)
+    row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
     row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -231,8 +235,7 @@ def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: i
     if setting in ("static_step", "static_drafts"):
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
-            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True,
-                        "static_drafts": setting == "static_drafts"}
+            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
     return apply_host(cfg, device)
 
 
@@ -283,8 +286,7 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
                                       "static_step": bool(host["host_settings"].get("static_step", False)),
-                                      "static_drafts": bool(host["host_settings"].get("static_step", False)
-                                                            and host["host_settings"].get("static_drafts", True))},
+                                      "static_drafts": setting == "static_drafts" and is_cuda(device)},
                              "host_record": host, **measure_setting(cfg, model, s, setting)}
             if setting in ("static_step", "static_drafts") and "host_settings" in rows:
                 ref, got = rows["host_settings"]["plain_tokens"], rows[setting]["plain_tokens"]

@@ -55,8 +55,8 @@ class DraftContext:
     hidden: torch.Tensor                          # [T, h] its base hidden states
     sampling: SamplingConfig
     generator: torch.Generator | None = None
-    static: bool = False                          # fixed-shape drafts asked for (host.static_drafts): a drafter whose
-                                                  # draft has fixed shapes may replay it as a CUDA graph
+    static: bool = False                          # fixed-shape drafts asked for (with host.static_step): a drafter
+                                                  # whose draft has fixed shapes may replay it as a CUDA graph
 
 
 class StepDrafter(Protocol):
