@@ -72,6 +72,11 @@ class StaticLayer(GrowingLayer):
     def set_length(self, n: int) -> None:
         self._set_length(n)
 
+    def storage(self) -> tuple[torch.Tensor, ...]:
+        """The key and value tensors of full capacity (a replayed graph reads them), or () before the first write."""
+        k = getattr(self, "_k", None)                # set by the first write (GrowingLayer.lazy_initialization)
+        return () if k is None else (k, self._v)
+
 
 class StaticCache(Cache):
     """One StaticLayer per decoder layer, all writing at the same `positions`."""

@@ -38,8 +38,7 @@ class StaticDraftCache:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor a captured draft reads from this cache (their storage must not move between replays)."""
-        layers = [t for layer in self.cache.layers if layer.is_initialized for t in (layer._k, layer._v)]
-        return (self.positions, self.base, *layers)
+        return (self.positions, self.base, *(t for layer in self.cache.layers for t in layer.storage()))
 
     @staticmethod
     def for_prompt(kept: "StaticDraftCache | None", num_layers: int, prompt_rows: int, device, dtype):
@@ -78,7 +77,7 @@ class StaticDraftCache:
     def crop(self, length: int) -> None:
         self.length = length
         for layer in self.cache.layers:
-            if layer.is_initialized and layer._k is not None:
+            if layer.storage():                      # written at least once
                 layer.set_length(length)
 
     def set_base(self) -> None:
