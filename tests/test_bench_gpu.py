@@ -12,7 +12,8 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
     from pipelines.bench.gpu import run_bench
 
     cfg = compose_cfg("+bench_gpu.sizes=[1,4,16]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=6",
-                      "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu")
+                      "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu",
+                      "+bench_gpu.profile_step=true")
     path, record = run_bench(cfg)
     assert path == tmp_path / "reports" / "bench" / "gpu_cpu.json"
     assert json.loads(path.read_text()) == record
@@ -30,6 +31,8 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
         assert ("hf_generate_static_ms_per_token" in row) == (name == "static_drafts")     # bench_gpu.hf_static_in
         assert row["verify"]["sizes"] == [1, 4, 16] and row["verify"]["relative"][0] == 1.0
         assert row["verify"]["one_token_ms"] > 0
+        assert row["step_profile"]["tokens"] == 6 and row["step_profile"]["device_busy_ms"] is None   # a CPU
+        assert ("hf_static_step_profile" in row) == (name == "static_drafts")
         assert set(row["drafting"]) == {"medusa", "eagle"}
         for family in row["drafting"].values():
             for tree in ("sparse64", "chain4", "eagle2"):

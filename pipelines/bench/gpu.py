@@ -16,7 +16,8 @@ CUDA graphs too where the drafter can (static_drafts: models/engine/drafters/gra
     (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63), a 4-token chain and EAGLE-2's grown tree (conf/tree/eagle2.yaml):
     draft, verify, accept, commit, step ms, and whether the draft replayed a graph (draft_graph); with
     +bench_gpu.profile_drafting=true also a torch.profiler record of draft() alone (kernel time against wall time:
-    where drafting is host-bound).
+    where drafting is host-bound); with +bench_gpu.profile_step=true a torch.profiler record of our plain step and
+    of transformers' static-cache generate, a token (kernel time, kernels, launches, the longest kernels).
 The file is rewritten after every setting, so a run cut short keeps what it measured (`complete` says which shapes
 finished).
 Writes reports/bench/gpu_<device>.json (bench_gpu.out to change it) with the device, library versions, the
@@ -48,6 +49,7 @@ from models.heads import HeadsConfig, build_heads
 from models.measure.draft_profile import draft_profile
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference
+from models.measure.step_profile import step_profile
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.host import apply_host
@@ -65,7 +67,7 @@ SHAPES = {
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
             "hf_static_in": ["static_drafts"], "settings": None, "out": None, "profile_drafting": False,
-            "profile_repeats": 20}
+            "profile_repeats": 20, "profile_step": False}
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
@@ -82,6 +84,10 @@ FIGURES = {
     "profile": "with bench_gpu.profile_drafting: torch.profiler over draft() alone, repeated from one state "
                "(models/measure/draft_profile.py): wall_ms, device_busy_ms (kernel time), kernels (launches), "
                "host_ops and top_host_ops (ms of host self time a draft); wall well above device_busy: host-bound",
+    "step_profile": "with bench_gpu.profile_step: torch.profiler over our plain decode (step_profile) and, where "
+                    "transformers' static-cache generate is measured, over that (hf_static_step_profile), a token "
+                    "from decodes of 1 and new_tokens tokens (models/measure/step_profile.py): wall_ms, "
+                    "device_busy_ms (kernel time), kernels (run), launches (from the host), top_kernels (ms, count)",
     "plain_difference": "under static_step where the plain tokens differ from host_settings': the first difference "
                         "judged by the tie rule (models/measure/lossless.judged_difference, floor 1e-3)",
 }
@@ -129,16 +135,27 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool) -> float:
-    """transformers' greedy generate of exactly n tokens after the prompt, wall ms a token (after one warm-up)."""
+def hf_decode(model, prompt: list[int], device: str, static: bool):
+    """k -> transformers' greedy generate of exactly k tokens after the prompt (its static cache where `static`)."""
     ids = torch.tensor([prompt], device=device)
     kw = {"do_sample": False, "pad_token_id": 0, **({"cache_implementation": "static"} if static else {})}
-    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)          # the same shapes: compiled once
+    return lambda k: model.generate(ids, max_new_tokens=k, min_new_tokens=k, **kw)
+
+
+def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool) -> float:
+    """transformers' greedy generate of exactly n tokens after the prompt, wall ms a token (after one warm-up)."""
+    decode = hf_decode(model, prompt, device, static)
+    decode(n)                                                               # the same shapes: compiled once
     sync(device)
     t = time.perf_counter()
-    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+    decode(n)
     sync(device)
     return 1e3 * (time.perf_counter() - t) / n
+
+
+def our_decode(model, prompt: list[int]):
+    """k -> our greedy plain decode of exactly k tokens after the prompt (the host settings in force)."""
+    return lambda k: generate(model, None, prompt, max_new_tokens=k, stop_token_ids=[])
 
 
 def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str, dict]]:
@@ -197,12 +214,21 @@ def bench_prompt(model, s: dict) -> list[int]:
 
 def hf_static_figures(model, s: dict) -> dict:
     """transformers' generate with its static cache (compiled on CUDA; the compile can take minutes, so it is timed
-    after the setting's other figures are saved); where it fails, why."""
+    after the setting's other figures are saved), and its step profiled where bench_gpu.profile_step asks; where
+    either fails, why."""
+    prompt = bench_prompt(model, s)
     try:
-        return {"hf_generate_static_ms_per_token": round(hf_ms_per_token(model, bench_prompt(model, s),
-                                                                         s["new_tokens"], s["device"], True), 3)}
+        out = {"hf_generate_static_ms_per_token": round(hf_ms_per_token(model, prompt, s["new_tokens"], s["device"],
+                                                                        True), 3)}
     except Exception as e:  # noqa: BLE001  (a benchmark row, not the point of the run)
         return {"hf_generate_static_ms_per_token": None, "hf_generate_static_error": f"{type(e).__name__}: {str(e)[:200]}"}
+    if s["profile_step"]:
+        try:
+            out["hf_static_step_profile"] = step_profile(hf_decode(model, prompt, s["device"], True), s["device"],
+                                                         n=int(s["new_tokens"]))
+        except Exception as e:  # noqa: BLE001
+            out["hf_static_step_profile_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
 
 
 def measure_setting(cfg, model, s: dict, setting: str) -> dict:
@@ -218,6 +244,8 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
            "verify": {"sizes": prof["sizes"], "relative": [round(x, 4) for x in prof["relative"]],
                       "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
            "plain_tokens": list(plain.new_tokens)}
+    if s["profile_step"]:
+        row["step_profile"] = step_profile(our_decode(model, prompt), device, n=int(s["new_tokens"]))
     row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
