@@ -22,7 +22,8 @@ from models.hardware import applied_host_settings
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
-def _sync(device: torch.device) -> None:
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a wall clock reads finished work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -42,18 +43,18 @@ def draft_profile(model, drafter, prompt_ids, repeats: int = 20, max_depth: int 
     static = applied_host_settings(device).get("static_step", False) if static_drafts is None else static_drafts
     state = prefill(model, ids, SamplingConfig(), None, drafter, static_drafts=static)
     drafter.draft(state.root, max_depth)                    # warm-up, outside the profile
-    _sync(device)
+    device_sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         drafter.draft(state.root, max_depth)
-    _sync(device)
+    device_sync(device)
     wall = (time.perf_counter() - t0) / repeats
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(repeats):
             drafter.draft(state.root, max_depth)
-        _sync(device)
+        device_sync(device)
     events = prof.key_averages()
     host = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total,
                   reverse=True)

@@ -21,19 +21,14 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models.measure.draft_profile import LAUNCHES
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from models.measure.draft_profile import LAUNCHES, device_sync
 
 
 def _timed(decode: Callable[[int], object], k: int, device: torch.device) -> float:
-    _sync(device)
+    device_sync(device)
     t0 = time.perf_counter()
     decode(k)
-    _sync(device)
+    device_sync(device)
     return time.perf_counter() - t0
 
 
@@ -42,7 +37,7 @@ def _profiled(decode: Callable[[int], object], k: int, device: torch.device) -> 
     cuda = device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         decode(k)
-        _sync(device)
+        device_sync(device)
     time_us, count = Counter(), Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:

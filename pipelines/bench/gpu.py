@@ -237,15 +237,16 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
     device, t0 = s["device"], time.perf_counter()
     prompt = bench_prompt(model, s)
     prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]))
-    generate(model, None, prompt, max_new_tokens=4, stop_token_ids=[])                           # warm up
-    plain = generate(model, None, prompt, max_new_tokens=s["new_tokens"], stop_token_ids=[])
+    decode = our_decode(model, prompt)
+    decode(4)                                                                                   # warm up
+    plain = decode(s["new_tokens"])
     row = {"plain_step_ms": round(1e3 * plain.decode_time / max(1, plain.steps), 3),
            "hf_generate_ms_per_token": round(hf_ms_per_token(model, prompt, s["new_tokens"], device, False), 3),
            "verify": {"sizes": prof["sizes"], "relative": [round(x, 4) for x in prof["relative"]],
                       "one_token_ms": round(1e3 * prof["forward_lm_head_s"][0], 3)},
            "plain_tokens": list(plain.new_tokens)}
     if s["profile_step"]:
-        row["step_profile"] = step_profile(our_decode(model, prompt), device, n=int(s["new_tokens"]))
+        row["step_profile"] = step_profile(decode, device, n=int(s["new_tokens"]))
     row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
