@@ -48,3 +48,18 @@ def test_the_section_says_it_is_a_projection_and_names_its_file(tmp_path):
 def test_a_bench_file_without_the_shape_is_refused_naming_what_it_has():
     with pytest.raises(ValueError, match="vicuna_7b.*tiny"):
         projection_rows({"shapes": {"tiny": {"settings": {}}}})
+
+
+def test_the_drafts_replayed_as_graphs_are_preferred_to_the_same_step_with_eager_drafts():
+    def setting(step_ms: float, static_drafts: bool) -> dict:
+        return {"host": {"threads": 1, "cudnn_attention": False, "static_step": True, "static_drafts": static_drafts},
+                "plain_step_ms": 10.0, "verify": {"sizes": [1, 64], "relative": [1.0, 1.1], "one_token_ms": 10.0},
+                "drafting": {"medusa": {"heads": "medusa1", "sparse64": {"step_ms": step_ms}}}}
+    bench = dict(BENCH, shapes={"vicuna_7b": {"settings": {"static_step": setting(14.0, False),
+                                                           "static_drafts": setting(12.0, True)}}})
+    m1 = next(r for r in projection_rows(bench) if r["method"] == "medusa1")
+    assert (m1["basis"], m1["step_cost"]) == ("measured step", 1.2)                 # 12 / 10, not 14 / 10
+    assert m1["projected_speedup"] == pytest.approx(2.57 / 1.2)
+    assert projection_rows(bench, setting="static_step")[0]["step_cost"] == 1.4
+    text = projection_section(bench, "reports/bench/gpu_test.json")
+    assert "each fixed tree's draft replayed as a CUDA graph" in text and "a plain step 10.0 ms" in text

@@ -271,7 +271,7 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     assert csv_lines[0].startswith("method,heads,tree,tree_nodes,speedup") and len(csv_lines) == 1 + 11
     assert "decode_speedup" in csv_lines[0].split(",") and any(line.startswith("pld_hf,") for line in csv_lines)
     results = (tmp_path / "reports" / "results.md").read_text()       # the committed GPU bench file's projection
-    assert "not a reproduction" in results and "`reports/bench/gpu_h100_80gb_hbm3_vicuna_7b.json`" in results
+    assert "not a reproduction" in results and "`reports/bench/gpu_h200_vicuna_7b.json`" in results
 
 
 @pytest.mark.parametrize("tree, nodes, flag, shown", [("dynamic", 16, "cut_by_cost", "<= 16"),
