@@ -46,7 +46,7 @@ from models.engine.static_step import static_summaries
 from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.heads import HeadsConfig, build_heads
-from models.measure.draft_profile import draft_profile
+from models.measure.draft_profile import device_sync, draft_profile
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
@@ -130,11 +130,6 @@ def build_shape(name: str, device: str, dtype: str):
     return model
 
 
-def sync(device: str) -> None:
-    if is_cuda(device):
-        torch.cuda.synchronize()
-
-
 def hf_decode(model, prompt: list[int], device: str, static: bool):
     """k -> transformers' greedy generate of exactly k tokens after the prompt (its static cache where `static`)."""
     ids = torch.tensor([prompt], device=device)
@@ -146,10 +141,10 @@ def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool)
     """transformers' greedy generate of exactly n tokens after the prompt, wall ms a token (after one warm-up)."""
     decode = hf_decode(model, prompt, device, static)
     decode(n)                                                               # the same shapes: compiled once
-    sync(device)
+    device_sync(torch.device(device))
     t = time.perf_counter()
     decode(n)
-    sync(device)
+    device_sync(torch.device(device))
     return 1e3 * (time.perf_counter() - t) / n
 
 
