@@ -5,7 +5,7 @@
                         the pruned KV cache, the CPU fast paths
     models/methods/     one package per drafting method: medusa/ (Medusa-1/2), hydra/ (Hydra, Hydra++),
                         eagle/ (EAGLE-1/3), draft_model/: modules, family, recipe kinds, formats, proposer
-    models/heads/       what the methods share: the module container (DraftHeads), the family, recipe and
+    models/shared/       what the methods share: the module container (DraftHeads), the family, recipe and
                         format registries, proposers and training bases, draft vocabulary, data, hidden cache
     models/data/        ShareGPT, chat-templated conversations, self-distillation and relabelling
     models/measure/     tree calibration, the verify-step latency profile, MT-Bench speed summaries

@@ -35,14 +35,14 @@ from models.engine.decoding import generate
 from models.engine.drafters import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import tree_from_config
-from models.heads.formats import export_heads
+from models.shared.formats import export_heads
 from models.methods.medusa.formats import import_medusa
 from models.measure.conformance import (accepted_counts, compare_steps, medusa_v01_tree, record_steps,
                                         seeded_medusa_heads)
 from models.hardware import cpu_model
 from models.measure.mtbench import chat_input_ids, load_questions
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.heads.drafting import load_for_decoding
+from models.shared.drafting import load_for_decoding
 from pipelines.common import REPO_ROOT, write_json
 
 VENV = REPO_ROOT / ".venv-conformance"

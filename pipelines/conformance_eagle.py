@@ -35,7 +35,7 @@ from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
 from models.hardware import cpu_model
 from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.heads.drafting import load_for_decoding
+from models.shared.drafting import load_for_decoding
 from pipelines.common import REPO_ROOT, write_json
 from pipelines import conformance
 from pipelines.conformance import Official, _agrees, _paired, _tokens, baseline, official_env, prompts

@@ -26,7 +26,7 @@ STAGE_MODULE = re.compile(r"python -m (pipelines\.\w+)")
 
 
 def module_file(name: str, root: Path = REPO_ROOT) -> Path | None:
-    """models.heads -> models/heads/__init__.py or models/heads/__init__.py (None: not one of ours)."""
+    """models.shared -> models/shared/__init__.py or models/shared/__init__.py (None: not one of ours)."""
     if name.split(".")[0] not in PACKAGES:
         return None
     base = root.joinpath(*name.split("."))

@@ -1,6 +1,6 @@
 """python -m pipelines.export heads=medusa1 export.format=vllm
 
-Trained heads in another tool's format, or another tool's heads in ours (models/heads/formats.py):
+Trained heads in another tool's format, or another tool's heads in ours (models/shared/formats.py):
 
   heads=X export.format=medusa|vllm|hydra|eagle|eagle3|speculators
                                                  results/heads/X -> results/export/X-<format>/ (or export.dir=...)
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from models.heads import ADAPTER_DIR, load_heads
-from models.heads.formats import FORMATS, export_heads, import_heads
+from models.shared import ADAPTER_DIR, load_heads
+from models.shared.formats import FORMATS, export_heads, import_heads
 import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
 from pipelines.common import load_model, log, stage
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from models.base import load_base_model
-from models.heads.formats import export_heads
+from models.shared.formats import export_heads
 import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
 from models.measure.interop import BASE, DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, \
     seeded_eagle3_heads

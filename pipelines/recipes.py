@@ -4,7 +4,7 @@ lm_loss: auto), checked against the family; what came from where goes beside the
 and into the train stage's MLflow run.
 
     cfg = with_profile_heads(cfg)                      # the profile's heads_overrides merged into cfg.heads
-    recipe = checked_recipe(cfg)                       # a typed Recipe (models/heads/recipes.py)
+    recipe = checked_recipe(cfg)                       # a typed Recipe (models/shared/recipes.py)
     record = recipe_record(cfg, recipe)                # {"recipe", "epochs", "profile_overrides", ...}
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.heads.families import get_family
-from models.heads.recipes import Recipe
+from models.shared.families import get_family
+from models.shared.recipes import Recipe
 from pipelines.common import heads_options
 
-# Recipe keys the stage reads itself (the rest configure models.heads.recipes.Recipe).
+# Recipe keys the stage reads itself (the rest configure models.shared.recipes.Recipe).
 STAGE_KEYS = ("epochs", "stage1_fraction", "lora")
 
 

@@ -8,12 +8,12 @@ it against the rest of the config):
   1) data: the distilled conversations (profile.train.data=distilled, default) or the prepared ones,
      cut to profile.train.max_length; only assistant tokens are targets
   2) draft vocabulary: the profile.train.draft_vocab_size most frequent answer tokens of the train
-     split (models/heads/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
+     split (models/shared/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
   3) frozen-backbone families: the base hidden states of all examples, computed once into
      results/cache/hidden/<model>/<key>/ (key = model + data + lengths) and reused by every family
      and epoch (profile.train.hidden_cache)
-  4) fit the family's LightningModule (models/heads/training.py) for up to the effective epochs on batches
-     of about profile.train.batch_positions target positions (models/heads/head_data.py: random positions
+  4) fit the family's LightningModule (models/shared/training.py) for up to the effective epochs on batches
+     of about profile.train.batch_positions target positions (models/shared/head_data.py: random positions
      for Medusa/Hydra on the cache, length-bucketed conversations otherwise), resuming from
      results/checkpoints/<heads>/last.ckpt when it was written for the same settings, and keep the
      weights of the val epoch with the best head-0 top-1;
@@ -42,13 +42,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
-from models.heads.head_data import target_positions, unigram_baseline
+from models.shared.head_data import target_positions, unigram_baseline
 import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
-from models.heads.hidden_cache import sequences_fingerprint
+from models.shared.hidden_cache import sequences_fingerprint
 from models.methods.medusa.joint_stage import JointCurve, backbone_drift
-from models.heads.schedules import plan_stages
-from models.heads.fitting import Throughput, fit_resumable
-from models.heads.training import Recipe, on_gpu, resolve_precision
+from models.shared.schedules import plan_stages
+from models.shared.fitting import Throughput, fit_resumable
+from models.shared.training import Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.train_inputs import draft_vocabulary, hidden_caches, load_examples, make_loader, trainable_heads
@@ -93,7 +93,7 @@ def trainer_settings(cfg: DictConfig) -> dict:
             "limit_val_batches": t.limit_val_batches, "gradient_clip_val": t.get("gradient_clip_val"),
             "log_every_n_steps": int(t.get("log_every_n_steps", 10)),
             "enable_progress_bar": bool(t.get("progress_bar", True)),
-            "use_distributed_sampler": False}   # models/heads/head_data.py's samplers shard by rank
+            "use_distributed_sampler": False}   # models/shared/head_data.py's samplers shard by rank
 
 
 def train_metrics(cfg: DictConfig, recipe: Recipe, trainer, parts: dict, data: dict, vocab: tuple, final: dict,
@@ -213,7 +213,7 @@ def fit_part(module, train_loader, val_loader, ckpt_dir, fp, epochs, trainer_kwa
 
 def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, trainer_kwargs, logger, cbs, every):
     """(the last stage's module and trainer, {stage: summary}): every stage the recipe plans
-    (models/heads/schedules.py), each resumable from its own checkpoints."""
+    (models/shared/schedules.py), each resumable from its own checkpoints."""
     r, t = cfg.heads.recipe, cfg.profile.train
     plans = plan_stages(recipe, epochs, float(r.get("stage1_fraction") or 0),
                         OmegaConf.to_container(r.lora, resolve=True) if r.get("lora") else None,

@@ -12,12 +12,12 @@ from datasets import load_from_disk
 from omegaconf import DictConfig
 
 import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
-from models.heads import HeadsConfig, build_heads
-from models.heads.draft_vocab import answer_token_counts, coverage, most_frequent
-from models.heads.families import get_family
-from models.heads.head_data import HeadsDataset, conversation_loader, window_loader
-from models.heads.hidden_cache import HiddenCache, cache_key
-from models.heads.training import IGNORE_INDEX
+from models.shared import HeadsConfig, build_heads
+from models.shared.draft_vocab import answer_token_counts, coverage, most_frequent
+from models.shared.families import get_family
+from models.shared.head_data import HeadsDataset, conversation_loader, window_loader
+from models.shared.hidden_cache import HiddenCache, cache_key
+from models.shared.training import IGNORE_INDEX
 from pipelines.common import log
 
 

@@ -87,7 +87,7 @@ def package_of(module: str) -> str:
 
 
 def package_graph() -> dict[str, set[str]]:
-    """The library's subpackages (models.engine, models.heads, models.measure, models.methods.<method>, ...) and which
+    """The library's subpackages (models.engine, models.shared, models.measure, models.methods.<method>, ...) and which
     import which: an edge for every import of one module by another across two subpackages."""
     graph: dict[str, set[str]] = {}
     for module, imported in library_graph().items():
@@ -97,18 +97,18 @@ def package_graph() -> dict[str, set[str]]:
 
 
 def test_the_libraries_packages_form_no_cycle_and_the_engine_imports_no_method():
-    """Package level, not module level: models.heads importing the engine while one engine module imports
-    models.heads is a cycle between the packages even where no two modules import each other. The engine
+    """Package level, not module level: models.shared importing the engine while one engine module imports
+    models.shared is a cycle between the packages even where no two modules import each other. The engine
     (models/engine) imports only itself and the library's base modules (models.base, models.hardware): a method
-    (models/heads: Medusa, Hydra, EAGLE, the draft model) reaches it by registering its proposer."""
+    (models/shared: Medusa, Hydra, EAGLE, the draft model) reaches it by registering its proposer."""
     graph = package_graph()
-    assert {"models.engine", "models.heads", "models.measure", "models.methods.eagle"} <= set(graph)
+    assert {"models.engine", "models.shared", "models.measure", "models.methods.eagle"} <= set(graph)
     assert find_cycle(graph) is None, f"import cycle between packages: {' -> '.join(find_cycle(graph))}"
     assert graph["models.engine"] <= {"models.base", "models.hardware"}, graph["models.engine"]
 
 
 def test_each_method_is_a_package_that_no_shared_code_imports():
-    """models/methods/<method>/ holds one method each. The engine and the shared base (models/heads) import no method
+    """models/methods/<method>/ holds one method each. The engine and the shared base (models/shared) import no method
     package (the base finds the built-in methods by importing models.methods by name, on a lookup of a family, recipe
     kind or format not registered yet); a method imports the shared packages, never another method; every method is
     imported by models.methods (its families, recipes and formats; models/methods/drafting.py its proposer). Checked on
@@ -116,7 +116,7 @@ def test_each_method_is_a_package_that_no_shared_code_imports():
     graph = package_graph()
     methods = {p for p in graph if p.startswith("models.methods.")}
     assert {"models.methods.medusa", "models.methods.hydra", "models.methods.eagle", "models.methods.draft_model"} <= methods
-    for shared in ("models.engine", "models.heads", "models.base", "models.hardware"):
+    for shared in ("models.engine", "models.shared", "models.base", "models.hardware"):
         wrong = {p for p in graph.get(shared, set()) if p.startswith("models.methods")}
         assert not wrong, f"{shared} imports {sorted(wrong)}"
     for method in methods:
@@ -147,8 +147,8 @@ def test_no_method_name_is_tested_outside_its_own_package():
     """Shared code asks a method for a capability (a family's attribute, a module's method), never which method it
     is: no comparison with a family name or recipe kind in models/ or pipelines/ outside models/methods/."""
     import models.methods  # noqa: F401  (registers every family and recipe kind)
-    from models.heads.families import FAMILIES
-    from models.heads.recipes import RECIPE_TYPES
+    from models.shared.families import FAMILIES
+    from models.shared.recipes import RECIPE_TYPES
 
     names = set(FAMILIES) | set(RECIPE_TYPES)
     assert {"medusa", "hydra_pp", "eagle3", "draft_model", "medusa2"} <= names

@@ -19,11 +19,11 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafters import make_drafter
 from models.engine.taps import LayerTaps
-from models.heads import HeadsConfig, build_heads
-from models.heads.draft_vocab import most_frequent
+from models.shared import HeadsConfig, build_heads
+from models.shared.draft_vocab import most_frequent
 from models.methods.eagle.eagle3 import Eagle3Module, layer_config
-from models.heads.head_data import HeadsDataset, collate
-from models.heads.training import MODULES, Recipe
+from models.shared.head_data import HeadsDataset, collate
+from models.shared.training import MODULES, Recipe
 from tests.test_decoding import TREES, cyclic_prompt, perturbed
 from tests.test_eagle3 import authors_init
 from tests.test_training import examples

@@ -10,7 +10,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 greedy_tree, predicted_accept_length, predicted_tokens_per_s,
                                 replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
                                 top1_unconditional)
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from pipelines.common import REPO_ROOT
 
 SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
@@ -143,7 +143,7 @@ def _noisy_heads(model, family, draft_ids=None):
 def test_sequence_ranks_match_brute_force(family, draft_vocab):
     """Ranks of the base's greedy tokens in each head's top-k; with a draft vocabulary the heads rank its
     tokens only (head_logits is -inf outside it), and a token outside it is never found."""
-    from models.heads.draft_vocab import answer_token_counts, most_frequent
+    from models.shared.draft_vocab import answer_token_counts, most_frequent
 
     model, tok = build_tiny_model(seed=1)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True)

@@ -69,7 +69,7 @@ def test_our_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
     from models.engine.drafters import make_drafter
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-    from models.heads.formats import export_heads
+    from models.shared.formats import export_heads
     from models.methods.medusa.formats import import_medusa
     from models.measure.conformance import record_steps, seeded_medusa_heads
 

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
 from models.engine.drafters import (DraftContext, NgramIndex, PromptLookupDrafter, TreeDrafter,
                                     cut_by_cost, heads_drafter)

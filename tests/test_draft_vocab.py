@@ -14,8 +14,8 @@ from tests.proposals import propose, started
 from models.engine.acceptance import SamplingConfig, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
-from models.heads.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
-from models.heads import HeadsConfig, build_heads, load_heads
+from models.shared.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
+from models.shared import HeadsConfig, build_heads, load_heads
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 from tests.test_decoding import perturbed

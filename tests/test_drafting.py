@@ -1,4 +1,4 @@
-"""models/heads/drafting.py: trained heads loaded for decoding in one call (the LoRA merged, on a copy when the
+"""models/shared/drafting.py: trained heads loaded for decoding in one call (the LoRA merged, on a copy when the
 caller keeps its base, both packed), and the one factory that gives every head family its proposer."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafters import heads_drafter, proposer_for
 from models.engine.fast_inference import is_packed
-from models.heads import ADAPTER_DIR, HeadsConfig, build_heads
-from models.heads.autoregressive_proposer import AutoregressiveProposer
-from models.heads.drafting import load_for_decoding
-from models.heads.proposers import HeadsProposer
+from models.shared import ADAPTER_DIR, HeadsConfig, build_heads
+from models.shared.autoregressive.proposer import AutoregressiveProposer
+from models.shared.drafting import load_for_decoding
+from models.shared.heads_proposer import HeadsProposer
 from tests.test_decoding import TREES, prompt_ids
 
 

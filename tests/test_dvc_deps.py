@@ -18,10 +18,10 @@ def test_every_stage_depends_on_the_code_it_imports_and_no_folder_of_code_it_doe
 def test_a_dropped_dependency_is_reported(tmp_path):
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     dvc["stages"]["references"]["deps"].remove("models/engine")
-    dvc["stages"]["train"]["do"]["deps"].remove("models/heads/families.py")
+    dvc["stages"]["train"]["do"]["deps"].remove("models/shared/families.py")
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     missing = missing_deps(tmp_path / "dvc.yaml")
-    assert set(missing) == {"references", "train"} and missing["train"] == ["models/heads/families.py"]
+    assert set(missing) == {"references", "train"} and missing["train"] == ["models/shared/families.py"]
     assert {"models/engine/acceptance.py", "models/engine/drafters/tree.py"} <= set(missing["references"])
     assert all(f.startswith("models/engine/") for f in missing["references"])
 
@@ -30,12 +30,12 @@ def test_a_folder_dependency_covers_its_files_and_must_hold_only_code_the_stage_
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     deps = dvc["stages"]["tables"]["deps"]
     dvc["stages"]["tables"]["deps"] = [d for d in deps if not d.startswith("analysis/")] + ["analysis"]
-    dvc["stages"]["evaluate"]["do"]["deps"].append("models/heads")     # its fitting and training data too
+    dvc["stages"]["evaluate"]["do"]["deps"].append("models/shared")     # its fitting and training data too
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     assert "tables" not in missing_deps(tmp_path / "dvc.yaml")
     broad = broad_deps(tmp_path / "dvc.yaml")
     assert broad["tables"] == ["analysis/readme.py"]                   # the README's table, not the stage's
-    assert "models/heads/fitting.py" in broad["evaluate"] and "models/heads/drafting.py" not in broad["evaluate"]
+    assert "models/shared/fitting.py" in broad["evaluate"] and "models/shared/drafting.py" not in broad["evaluate"]
 
 
 def test_each_chain_reads_only_its_own_familys_files():
@@ -56,7 +56,7 @@ def test_the_closure_follows_imports_inside_functions_and_packages():
     closure = import_closure("pipelines.evaluate")
     # models.engine.decoding imports models.engine.acceptance at the top and the heads' drafter lazily or not:
     for f in ("pipelines/evaluate.py", "pipelines/common.py", "models/base.py", "models/engine/__init__.py",
-              "models/engine/decoding.py", "models/engine/acceptance.py", "models/heads/families.py",
+              "models/engine/decoding.py", "models/engine/acceptance.py", "models/shared/families.py",
               "models/methods/hydra/prefix.py", "models/methods/medusa/drafting.py"):
         assert f in closure, f
     assert not any(f.startswith(("tests/", ".venv")) for f in closure)

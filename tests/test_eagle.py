@@ -1,4 +1,4 @@
-"""EAGLE-1 (models/methods/eagle/eagle.py, models/heads/autoregressive_proposer.py) on tiny random models: greedy decoding equals
+"""EAGLE-1 (models/methods/eagle/eagle.py, models/shared/autoregressive/proposer.py) on tiny random models: greedy decoding equals
 the baseline, the draft cache holds exactly the accepted pairs (equal to one run over the whole sequence), every
 drafted node is what the draft layer run from scratch over its path proposes, rewinding restores the state, and
 make_drafter names what is missing."""

@@ -22,13 +22,13 @@ from models.engine.drafters import heads_drafter, make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.taps import LayerTaps, eagle3_taps, final_and_taps
 from models.engine.trees import tree_from_config
-from models.heads import HeadsConfig, build_heads, get_family, load_heads
-from models.heads.draft_vocab import most_frequent
+from models.shared import HeadsConfig, build_heads, get_family, load_heads
+from models.shared.draft_vocab import most_frequent
 from models.methods.eagle.eagle3 import Eagle3Layer, Eagle3Module
-from models.heads.fitting import fit_resumable
-from models.heads.head_data import HeadsDataset, conversation_loader
-from models.heads.hidden_cache import HiddenCache, cache_key
-from models.heads.training import MODULES, Recipe, head_positions
+from models.shared.fitting import fit_resumable
+from models.shared.head_data import HeadsDataset, conversation_loader
+from models.shared.hidden_cache import HiddenCache, cache_key
+from models.shared.training import MODULES, Recipe, head_positions
 from models.measure.calibration import sequence_ranks
 from tests.test_decoding import TREES, cyclic_prompt
 from tests.lossless_rule import assert_greedy_lossless

@@ -1,4 +1,4 @@
-"""EAGLE as a head family (models/methods/eagle/family.py Eagle, models/heads/autoregressive_training.py): it learns and
+"""EAGLE as a head family (models/methods/eagle/family.py Eagle, models/shared/autoregressive/training.py): it learns and
 round-trips through load_heads with its draft vocabulary, decodes losslessly through the same drafters as the
 other families (a tree, a tree cut per step by cost, prompt lookup merged in), calibration ranks it along its
 own drafts, and the train stage trains it from conf/heads/eagle.yaml (tiny model, synthetic data)."""
@@ -14,10 +14,10 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafters import heads_drafter, make_drafter
 from models.engine.fast_inference import prepare_heads_for_decoding
-from models.heads import HeadsConfig, build_heads, load_heads
-from models.heads.draft_vocab import most_frequent
-from models.heads.fitting import fit_resumable
-from models.heads.training import MODULES, Recipe
+from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared.draft_vocab import most_frequent
+from models.shared.fitting import fit_resumable
+from models.shared.training import MODULES, Recipe
 from models.measure.calibration import sequence_ranks
 from tests.test_decoding import TREES, cyclic_prompt
 from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)

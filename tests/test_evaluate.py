@@ -16,7 +16,7 @@ from models.engine.decoding import generate
 from models.measure.benchmark import TurnRecord, first_difference, speedup, speedup_on_questions_of, summarize_method
 from models.measure.mtbench import chat_input_ids, load_questions, rotated, spread
 from models.measure.peers import prompt_lookup_generate
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from pipelines.common import CONF_DIR
 from tests.fields import without
 

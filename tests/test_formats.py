@@ -12,8 +12,8 @@ from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.trees import chain_tree
-from models.heads import HeadsConfig, build_heads
-from models.heads.formats import OUTSIDE_DRAFT_VOCAB, export_heads, import_heads
+from models.shared import HeadsConfig, build_heads
+from models.shared.formats import OUTSIDE_DRAFT_VOCAB, export_heads, import_heads
 from pipelines.export import run_export
 from tests.test_decoding import perturbed, prompt_ids
 
@@ -176,7 +176,7 @@ def test_the_export_command_writes_and_imports(tiny, compose_cfg):
     assert report["files"][0].endswith("results/export/medusa1-vllm/model.safetensors")
     back = run_export(compose_cfg("export.format=vllm", f"export.import_from={cfg.paths.results}/export/medusa1-vllm"))
     assert back["heads_dir"].endswith("results/heads/imported-vllm") and back["family"] == "medusa"
-    from models.heads import load_heads
+    from models.shared import load_heads
     _, loaded = load_heads(back["heads_dir"], model)
     assert_same_drafts(heads, loaded, model, tok)
     with pytest.raises(ValueError, match="export.format='onnx': accepted medusa, vllm, hydra"):

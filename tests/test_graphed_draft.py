@@ -14,7 +14,7 @@ from models.engine.drafters import make_drafter
 from models.engine.drafters.graphed import GraphedDraft, why_not_capturable
 from models.engine.drafters.proposer import draft_tree
 from models.engine.trees import TreeBuffers, tree_from_config
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from pipelines.common import CONF_DIR
 
 PROMPT = torch.randint(200, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -97,7 +97,7 @@ def test_a_static_draft_cache_drafts_and_decodes_what_the_growing_one_does(tiny_
     """The autoregressive drafters with their draft cache at fixed shapes (run eagerly on a CPU, the walk a graph
     would replay): every draft equals the growing cache's, through accepted paths, rewinds and the cache growing
     to a new capacity (made small here so that it grows), and the decode equals the autoregressive one."""
-    from models.heads import static_draft_cache
+    from models.shared.autoregressive import static_cache as static_draft_cache
 
     monkeypatch.setattr(static_draft_cache, "ROOM", 16)
     monkeypatch.setattr(static_draft_cache, "CAPACITY_STEP", 8)

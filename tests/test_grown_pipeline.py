@@ -16,7 +16,7 @@ from omegaconf import open_dict
 
 from models.base import build_tiny_model
 from models.engine.trees import GrownTree, tree_from_config
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from models.measure.grown_calibration import GrownReplay, accepted_drafts, grown_settings
 from tests.test_calibration import _tiny_stage_config, _write_tiny_distilled
 from tests.test_evaluate import read, stage_cfg  # noqa: F401  (a fixture)

@@ -11,7 +11,7 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import base_logits, project
 from models.engine.trees import dense_tree
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from models.base import build_tiny_model
 from models.engine.acceptance import SamplingConfig
 from models.engine.drafters import DraftContext, make_drafter
 from models.engine.trees import tree_from_config
-from models.heads import load_heads
+from models.shared import load_heads
 from pipelines.common import CONF_DIR
 from tests.test_evaluate import QUESTIONS
 from tests.test_training import save_distilled

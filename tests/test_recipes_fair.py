@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from models.heads import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig, build_heads, load_heads
 from models.methods.eagle.eagle import EagleModule
-from models.heads.recipes import Recipe
+from models.shared.recipes import Recipe
 
 FRESH_LR = 1e-3          # the lr rule: fresh drafter weights train at this at least
 
@@ -77,7 +77,7 @@ def test_hydra_pp_is_the_authors_and_the_projects_variant_has_its_own_name(compo
 def test_medusa2_is_the_authors_two_stage_recipe(compose_cfg):
     """lambda 0.2 constant, CE to the labels, lr 5e-4 with the heads at 4x; 2 + 2 epochs on the paper profile,
     2 heads-only + 1 joint under the cpu profile's cap of 3."""
-    from models.heads.schedules import plan_stages
+    from models.shared.schedules import plan_stages
     from pipelines.recipes import effective_epochs, make_recipe
 
     for profile, epochs in (("paper", [2, 2]), ("cpu", [2, 1])):
@@ -145,8 +145,8 @@ def test_unroll_adds_each_row_its_own_noise_width(tiny_model):
 def test_the_eagle_trainer_reads_each_rows_length(tiny_model, monkeypatch):
     """AutoregressiveFitModule passes recipe.noise_width(batch lengths) to unroll while training, no noise in eval;
     collate gives every row its own length."""
-    from models.heads.autoregressive_training import AutoregressiveFitModule
-    from models.heads.head_data import collate
+    from models.shared.autoregressive.training import AutoregressiveFitModule
+    from models.shared.head_data import collate
 
     model, _ = tiny_model
     heads = build_heads(HeadsConfig.for_base(model, "eagle", num_heads=2, share_lm_head=True), model)

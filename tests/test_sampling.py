@@ -19,7 +19,7 @@ from models.engine.acceptance import NodeLogits, SamplingConfig, sample, warp_pr
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import BaseLogits, base_logits
-from models.heads import HeadsConfig
+from models.shared import HeadsConfig
 from models.engine.drafters.base import Draft
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree
 
@@ -303,7 +303,7 @@ def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
     from tests.proposals import propose, started
-    from models.heads import build_heads
+    from models.shared import build_heads
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)
     heads = build_heads(HeadsConfig.for_base(model, family, num_heads=2, share_lm_head=family == "medusa"), model)

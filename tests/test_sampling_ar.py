@@ -2,7 +2,7 @@
 
 EAGLE heads (family eagle, a draft vocabulary), a bare EagleModule (kind eagle, the base LM head over the full
 vocabulary), EAGLE-3 heads (family eagle3: the base's taps, its own final norm and LM head) and a small draft model
-(family draft_model) draft through models/heads/autoregressive_proposer.py. As in
+(family draft_model) draft through models/shared/autoregressive/proposer.py. As in
 tests/test_sampling.py (its helpers), the first three generated tokens under top_k=3 (27 outcomes), the first
 step drafting and verifying a depth-2 tree, are compared with the exact distribution computed from the base
 model's own logits by a chi-square test, for children drawn from the draft's own q (draft="sample") and for its
@@ -21,8 +21,8 @@ from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
 from models.engine.drafters import TreeDrafter, heads_drafter
 from models.methods.eagle.drafting import EagleDrafter
-from models.heads import HeadsConfig, build_heads
-from models.heads.draft_vocab import most_frequent
+from models.shared import HeadsConfig, build_heads
+from models.shared.draft_vocab import most_frequent
 from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, first_tokens_distribution, make_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,12 +16,12 @@ import torch
 
 from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
-from models.heads import HeadsConfig, build_heads, load_heads
-from models.heads.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
+from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
                                     window_loader)
-from models.heads.hidden_cache import HiddenCache
-from models.heads.fitting import fit_resumable
-from models.heads.training import MODULES, Recipe
+from models.shared.hidden_cache import HiddenCache
+from models.shared.fitting import fit_resumable
+from models.shared.training import MODULES, Recipe
 from tests.test_training import Interrupt, conversations, examples, save_distilled   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def test_samplers_share_every_batch_out_to_disjoint_ranks(world):
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_restored_sampler_goes_on_where_each_rank_stopped(world, monkeypatch):
     """state_dict after k batches, loaded into a fresh sampler: each rank gets the rest of its own share."""
-    from models.heads import head_data
+    from models.shared import head_data
 
     for rank in range(world):
         monkeypatch.setattr(head_data, "replica", lambda: (rank, world))

@@ -17,12 +17,12 @@ from torch import nn
 from models.engine.drafters import heads_drafter
 from models.base import build_tiny_model
 from models.data.conversations import tokenize_conversation
-from models.heads.draft_vocab import answer_token_counts, most_frequent
-from models.heads.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
-from models.heads import HeadsConfig, build_heads, load_heads
-from models.heads.hidden_cache import HiddenCache, cache_key
-from models.heads.fitting import fit_resumable
-from models.heads.training import IGNORE_INDEX, MODULES, Recipe, head_positions, resolve_precision
+from models.shared.draft_vocab import answer_token_counts, most_frequent
+from models.shared.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
+from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared.hidden_cache import HiddenCache, cache_key
+from models.shared.fitting import fit_resumable
+from models.shared.training import IGNORE_INDEX, MODULES, Recipe, head_positions, resolve_precision
 from pipelines.prepare import FEATURES
 from tests.test_decoding import perturbed
 
@@ -157,7 +157,7 @@ def draft_heads(kind, model, draft_ids, dropout=0.0, share=True):
 def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_misses(kind, tiny_model):
     """CE over the draft vocabulary on the targets inside it only; Hydra++'s teacher is the base distribution
     restricted to the draft vocabulary; top-k hits are counted over every target."""
-    from models.heads.training import topk_hits
+    from models.shared.training import topk_hits
 
     model, tok = tiny_model
     ids, labels = examples(tok, 3)
@@ -202,7 +202,7 @@ def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_m
 
 
 def path_tokens_of(input_ids, b, t, k):
-    from models.heads.training import path_tokens
+    from models.shared.training import path_tokens
     return path_tokens(input_ids, b, t, k)
 
 
@@ -232,7 +232,7 @@ def test_window_batches_hold_the_same_targets_as_conversation_batches(tmp_path):
 
 
 def test_length_batches_cover_each_conversation_once_with_similar_lengths():
-    from models.heads.head_data import LengthBatches
+    from models.shared.head_data import LengthBatches
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(10, 200, (40,), generator=g).tolist()
@@ -491,7 +491,7 @@ def test_hidden_cache_is_built_once_and_matches_the_model(tmp_path):
 
 def test_hidden_cache_batches_sequences_of_different_lengths_without_changing_them(tmp_path):
     """Length-sorted batches, right-padded without a mask: every sequence's rows equal its own forward."""
-    from models.heads.hidden_cache import length_batches
+    from models.shared.hidden_cache import length_batches
 
     model, tok = build_tiny_model(seed=0)
     ids = [x[:n] for x, n in zip(examples(tok, 6)[0], (52, 9, 30, 31, 17, 44))]
@@ -611,7 +611,7 @@ def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
 
     from models.engine.decoding import generate
     from models.engine.trees import tree_from_config
-    from models.heads.families import FAMILIES, register_family
+    from models.shared.families import FAMILIES, register_family
     from models.methods.hydra.family import Hydra, HydraInputBlock
     from pipelines.train import run_train
 
@@ -664,7 +664,7 @@ def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
 def test_each_recipe_kind_has_its_own_fields_checked_when_made():
     """One dataclass per kind's needs: a field another kind has is refused, a bad value names the field, the value
     and what is accepted; a heads-only stage of Medusa-2 keeps the fields both kinds share."""
-    from models.heads.recipes import AutoregressiveRecipe
+    from models.shared.recipes import AutoregressiveRecipe
     from models.methods.medusa.training import Medusa2Recipe
 
     assert type(Recipe(kind="hydra")) is Recipe and type(Recipe(kind="medusa2")) is Medusa2Recipe
@@ -683,7 +683,7 @@ def test_each_recipe_kind_has_its_own_fields_checked_when_made():
 
 
 def test_a_recipe_plans_its_own_stages():
-    from models.heads.schedules import plan_stages
+    from models.shared.schedules import plan_stages
 
     fit = plan_stages(Recipe(kind="hydra", lr=1e-3), epochs=4)
     assert [(p.name, p.epochs, p.loader_kind, p.lora) for p in fit] == [("fit", 4, "hydra", None)]

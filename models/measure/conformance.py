@@ -22,7 +22,7 @@ import torch
 
 from models.engine.decoding import SamplingConfig, decode_step, prefill
 from models.engine.trees import TreeSpec
-from models.heads import DraftHeads, HeadsConfig, build_heads
+from models.shared import DraftHeads, HeadsConfig, build_heads
 from models.methods.eagle.eagle import EagleModule
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from models.base import build_tiny_model
-from models.heads import DraftHeads, HeadsConfig, build_heads
+from models.shared import DraftHeads, HeadsConfig, build_heads
 
 BASE = {"arch": "llama", "num_layers": 8, "seed": 0}       # fewer than 7 layers repeat a tap (models/engine/taps.py)
 DRAFT_VOCAB, DEPTHS, TOKENS = 48, 3, 9

@@ -1,5 +1,5 @@
 """The drafting methods, one package each; importing this package registers every one of them with the shared
-machinery (models/heads/: the family registry, recipe kinds, format registry). The engine imports no method; the
+machinery (models/shared/: the family registry, recipe kinds, format registry). The engine imports no method; the
 shared base imports none either (it imports this package by name when asked for a family, recipe kind or format not
 registered yet). Their proposers are registered by models/methods/drafting.py, which decoding code imports (training
 never drafts).

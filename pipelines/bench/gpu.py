@@ -45,7 +45,7 @@ from models.engine.drafters import make_drafter
 from models.engine.static_step import static_summaries
 from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
-from models.heads import HeadsConfig, build_heads
+from models.shared import HeadsConfig, build_heads
 from models.measure.draft_profile import device_sync, draft_profile
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference

@@ -26,8 +26,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.methods.medusa.joint_stage import JointCurve
-from models.heads.schedules import plan_stages
-from models.heads.training import recipe_module
+from models.shared.schedules import plan_stages
+from models.shared.training import recipe_module
 from pipelines import train_inputs as T
 from pipelines.recipes import checked_recipe, with_profile_heads
 from pipelines.common import load_model, log, stage, write_json

@@ -44,7 +44,7 @@ from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy befor
 from models.hardware import cpu_model, host_record
 from pipelines.common import conf_option, REPO_ROOT, load_model, log, stage, write_json
 import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.heads.drafting import load_for_decoding
+from models.shared.drafting import load_for_decoding
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
             "competitors": [2, 1], "competitor_size": 512, "repeats": 2, "new_tokens": 64, "prompt_tokens": 520,

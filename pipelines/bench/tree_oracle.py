@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.trees import GrownTree
-from models.heads.drafting import load_for_decoding
+from models.shared.drafting import load_for_decoding
 from models.measure.grown_calibration import accepted_drafts, replay_grown
 from models.measure.intervals import paired_comparison
 from models.measure.tree_oracle import candidate_drafts, oracle_drafts, steps_agree, walk_steps

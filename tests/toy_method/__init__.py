@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.engine.drafters.proposer import PROPOSERS, Frontier, register_proposer
-from models.heads.draft_heads import DraftHeads
-from models.heads.families import FAMILIES, HeadFamily, family_of, register_family
-from models.heads.recipes import RECIPE_TYPES
-from models.heads.training import RECIPES, HeadsModule, head_positions, register_recipe
+from models.shared.draft_heads import DraftHeads
+from models.shared.families import FAMILIES, HeadFamily, family_of, register_family
+from models.shared.recipes import RECIPE_TYPES
+from models.shared.training import RECIPES, HeadsModule, head_positions, register_recipe
 
 NAME = "toy_lookup"
 CONFIG = {"name": NAME, "family": NAME, "num_heads": 4, "num_layers": 1, "dropout": 0.0, "share_lm_head": True,

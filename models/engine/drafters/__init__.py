@@ -5,7 +5,7 @@
     prompt_lookup   a chain copied from the context                                    prompt_lookup.py
     heads_lookup    the heads' tree with prompt lookup's chain merged in               lookup_branch.py
     fixed           a fixed chain, for timing and tests                                fixed.py
-    eagle           a bare EAGLE-1 layer on a fixed tree (registered by models/heads/autoregressive_proposer.py)
+    eagle           a bare EAGLE-1 layer on a fixed tree (registered by models/shared/autoregressive/proposer.py)
 """
 from models.engine.drafters import fixed, lookup_branch, prompt_lookup, tree  # noqa: F401  (register their kinds)
 from models.engine.drafters.base import (DRAFTERS, Draft, DraftContext, StepDrafter, make_drafter,  # noqa: F401

@@ -12,7 +12,7 @@ once and replayed: the root goes into a one-element device buffer, the graph wri
 its own, and the draft returns a copy of them. The draft heads' state is h_t (HeadsProposer); the autoregressive
 drafters' (EAGLE, EAGLE-3, the draft model) is their draft cache, which grows with every accepted step, so with
 DraftContext.static they keep it at a fixed capacity and read the accepted rows' count from the device
-(models/heads/static_draft_cache.py), filled by `prepare_static(num_nodes)` before each draft.
+(models/shared/autoregressive/static_cache.py), filled by `prepare_static(num_nodes)` before each draft.
 Off a CUDA device (or where capture fails) the same walk runs eagerly from the same buffers, and `fallback` says
 why; the eager walk is the reference the graph is checked against (tests/test_cuda.py).
 """

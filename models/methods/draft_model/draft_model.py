@@ -3,7 +3,7 @@ a few decoder layers of the base's width over the tokens alone, its own KV cache
 
     draft = DraftModel.from_base(model, num_layers=2)     # copies of base layers 0 and L-1 and the final norm
 
-It is an AutoregressiveDraft (models/heads/autoregressive.py) that ignores the features: the pair (f_t, x_{t+1})
+It is an AutoregressiveDraft (models/shared/autoregressive/draft.py) that ignores the features: the pair (f_t, x_{t+1})
 at position t becomes embed(x_{t+1}), so its output at row t scores x_{t+2} as a causal LM's would (every position
 is one lower than the base's; rotary attention sees only differences). Drafting, training by distillation
 (soft cross-entropy to the base's distribution), calibration and decoding are EAGLE's code paths. The layers are
@@ -17,7 +17,7 @@ import copy
 import torch
 from torch import nn
 
-from models.heads.autoregressive import AutoregressiveDraft
+from models.shared.autoregressive.draft import AutoregressiveDraft
 
 
 def spread_layers(total: int, n: int) -> list[int]:

@@ -1,10 +1,10 @@
-"""The draft model's proposer, registered with the engine: the autoregressive proposer (models/heads/
+"""The draft model's proposer, registered with the engine: the autoregressive proposer (models/shared/
 autoregressive_proposer.py), as EAGLE's. Imported by models/methods/drafting.py where heads decode."""
 from __future__ import annotations
 
 from models.engine.drafters.proposer import register_proposer
-from models.heads.autoregressive_proposer import AutoregressiveProposer
-from models.heads.families import family_of
+from models.shared.autoregressive.proposer import AutoregressiveProposer
+from models.shared.families import family_of
 from models.methods.draft_model.family import DraftModelFamily
 
 

@@ -1,6 +1,6 @@
 """The draft model's family and heads module (`heads.draft_model`: its DraftModel, built from the base on the first
 attach) and its recipe kind "draft_model"
-(distilled with models/heads/autoregressive_training.py, an AutoregressiveRecipe).
+(distilled with models/shared/autoregressive/training.py, an AutoregressiveRecipe).
 
     heads = build_heads(HeadsConfig.for_base(model, family="draft_model", num_heads=5, num_layers=2), model)
     heads.draft_model is heads.draft_module   # a DraftModel; heads.draft_model.to_causal_lm(model): sps_hf's assistant
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from models.heads.autoregressive_heads import AutoregressiveFamily, AutoregressiveHeads
-from models.heads.autoregressive_training import AutoregressiveFitModule
-from models.heads.families import register_family
-from models.heads.recipes import AutoregressiveRecipe
-from models.heads.training import register_recipe
+from models.shared.autoregressive.heads import AutoregressiveFamily, AutoregressiveHeads
+from models.shared.autoregressive.training import AutoregressiveFitModule
+from models.shared.families import register_family
+from models.shared.recipes import AutoregressiveRecipe
+from models.shared.training import register_recipe
 from models.methods.draft_model.draft_model import DraftModel
 
 

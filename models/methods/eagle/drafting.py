@@ -1,5 +1,5 @@
 """How EAGLE-1 and EAGLE-3 draft, registered with the engine (imported by models/methods/drafting.py where heads
-decode): their heads' proposer, the autoregressive one (models/heads/autoregressive_proposer.py), and the "eagle"
+decode): their heads' proposer, the autoregressive one (models/shared/autoregressive/proposer.py), and the "eagle"
 drafter kind: a bare EagleModule (no heads module) on a tree, scored by the base LM head over the full vocabulary with
 the model's logit transform (conformance with the authors' code, tests).
 
@@ -14,8 +14,8 @@ from models.engine.drafters.base import register_drafter
 from models.engine.drafters.proposer import register_proposer
 from models.engine.drafters.tree import TreeDrafter
 from models.engine.trees import TreeBuffers, TreeSpec
-from models.heads.autoregressive_proposer import AutoregressiveProposer
-from models.heads.families import family_of
+from models.shared.autoregressive.proposer import AutoregressiveProposer
+from models.shared.families import family_of
 from models.methods.eagle.family import Eagle, Eagle3
 
 

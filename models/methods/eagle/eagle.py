@@ -1,7 +1,7 @@
 """EAGLE-1's draft module: one decoder layer that predicts the base model's next feature (docs/reference.md#autoregressive-drafters).
 
     eagle = EagleModule.from_base(model, seed=0)                  # fc + one decoder layer of the base's architecture
-    pred = eagle(features, next_tokens, position_ids, cache=cache)  # and unroll, logits: models/heads/autoregressive.py
+    pred = eagle(features, next_tokens, position_ids, cache=cache)  # and unroll, logits: models/shared/autoregressive/draft.py
     drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)    # models/engine/drafters/tree.py
 
 At position t EAGLE reads f_t, the base's final hidden state (after its final norm: transformers'
@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-from models.heads.autoregressive import AutoregressiveDraft, reinit_linears
+from models.shared.autoregressive.draft import AutoregressiveDraft, reinit_linears
 
 
 class EagleModule(AutoregressiveDraft):

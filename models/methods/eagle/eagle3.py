@@ -14,7 +14,7 @@ At position t the first depth reads g_t = cat(taps of t) [3h] and x_{t+1}:
     logits = lm_head(norm(pred))                               over the draft vocabulary
 
 Deeper depths feed pred (before the final norm, width h) back in place of fc's output: `inputs` applies fc only to
-3h-wide features, as the authors' code does. Training runs that recurrence ("training-time test", models/heads/
+3h-wide features, as the authors' code does. Training runs that recurrence ("training-time test", models/shared/
 autoregressive_training.py): each depth a soft cross-entropy to the base's distribution, weighted 0.8^k, no feature loss.
 
 The layer is a Llama layer whatever the base's architecture, as the authors' code (SafeAILab/EAGLE, its EAGLE-3
@@ -39,7 +39,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from models.engine.taps import eagle3_taps
-from models.heads.autoregressive import AutoregressiveDraft
+from models.shared.autoregressive.draft import AutoregressiveDraft
 
 
 def rope_parameters(base_config) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.heads import HeadsConfig, build_heads, check_compatible
+from models.shared import HeadsConfig, build_heads, check_compatible
 from models.methods.eagle.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"

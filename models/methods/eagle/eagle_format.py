@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from models.heads import HeadsConfig, build_heads, check_compatible
+from models.shared import HeadsConfig, build_heads, check_compatible
 
 WEIGHTS, CONFIG = "pytorch_model.bin", "config.json"
 

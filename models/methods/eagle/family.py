@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch import nn
 
 from models.engine.taps import eagle3_taps
-from models.heads.autoregressive_heads import AutoregressiveFamily, AutoregressiveHeads
-from models.heads.families import register_family
+from models.shared.autoregressive.heads import AutoregressiveFamily, AutoregressiveHeads
+from models.shared.families import register_family
 from models.methods.eagle.eagle import EagleModule
 from models.methods.eagle.eagle3 import Eagle3Module
 

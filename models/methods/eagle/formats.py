@@ -1,8 +1,8 @@
-"""The EAGLE formats registered with models/heads/formats.py: `eagle` (the authors' EAGLE-1 code), `eagle3` (vLLM's and
+"""The EAGLE formats registered with models/shared/formats.py: `eagle` (the authors' EAGLE-1 code), `eagle3` (vLLM's and
 SGLang's EAGLE-3 loaders) and `speculators` (the speculators library's EAGLE-3 checkpoint, written only)."""
 from __future__ import annotations
 
-from models.heads.formats import Format, register_format
+from models.shared.formats import Format, register_format
 from models.methods.eagle.eagle3_format import read_eagle3, write_eagle3
 from models.methods.eagle.eagle_format import read_eagle, write_eagle
 from models.methods.eagle.speculators_format import write_speculators

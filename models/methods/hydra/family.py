@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.heads.families import HeadFamily, ResBlock, register_family
+from models.shared.families import HeadFamily, ResBlock, register_family
 from models.methods.hydra.prefix import HydraPPHeads
 
 

@@ -1,5 +1,5 @@
 """Hydra and Hydra++ heads in the authors' Hydra format (hydra_lm_head.pt + config.json, arch mlp or prefix-mlp),
-registered with models/heads/formats.py as `hydra`; the layout is described there.
+registered with models/shared/formats.py as `hydra`; the layout is described there.
 """
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from models.heads import DraftHeads, HeadsConfig
-from models.heads.formats import (OUTSIDE_DRAFT_VOCAB, Format, full_lm_head, load_state, read_files, register_format,
+from models.shared import DraftHeads, HeadsConfig
+from models.shared.formats import (OUTSIDE_DRAFT_VOCAB, Format, full_lm_head, load_state, read_files, register_format,
                                   write_files)
 
 

@@ -12,7 +12,7 @@ import copy
 import torch
 from torch import nn
 
-from models.heads.draft_heads import DraftHeads
+from models.shared.draft_heads import DraftHeads
 
 
 class HydraPPHeads(DraftHeads):

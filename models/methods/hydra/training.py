@@ -3,7 +3,7 @@ also reading the true tokens above its target) and "hydra_pp" (the heads read th
 the teacher loss)."""
 from __future__ import annotations
 
-from models.heads.training import HeadsModule, register_recipe
+from models.shared.training import HeadsModule, register_recipe
 
 
 @register_recipe("hydra")

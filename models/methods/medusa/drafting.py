@@ -1,10 +1,10 @@
-"""Medusa's proposer, registered with the engine: the per-depth heads' proposer (models/heads/proposers.py), every head
+"""Medusa's proposer, registered with the engine: the per-depth heads' proposer (models/shared/heads_proposer.py), every head
 run once per tree on h_t. Imported by models/methods/drafting.py where heads decode."""
 from __future__ import annotations
 
 from models.engine.drafters.proposer import register_proposer
-from models.heads.families import family_of
-from models.heads.proposers import HeadsProposer
+from models.shared.families import family_of
+from models.shared.heads_proposer import HeadsProposer
 from models.methods.medusa.family import Medusa
 
 

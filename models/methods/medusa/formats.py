@@ -1,4 +1,4 @@
-"""Medusa heads in the formats other code loads, registered with models/heads/formats.py: `medusa` (the authors'
+"""Medusa heads in the formats other code loads, registered with models/shared/formats.py: `medusa` (the authors'
 Medusa code: medusa_lm_head.pt + config.json) and `vllm` (vLLM's Medusa model: model.safetensors + config.json); the
 layouts are described there.
 """
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from models.heads import DraftHeads, HeadsConfig
-from models.heads.formats import Format, count_heads, load_state, read_files, register_format, write_files
+from models.shared import DraftHeads, HeadsConfig
+from models.shared.formats import Format, count_heads, load_state, read_files, register_format, write_files
 
 
 def _medusa_state(heads: DraftHeads, base, notes: list[str]) -> dict[str, torch.Tensor]:

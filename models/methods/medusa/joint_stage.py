@@ -8,7 +8,7 @@ import math
 import pytorch_lightning as pl
 import torch
 
-from models.heads.training import IGNORE_INDEX, head_positions
+from models.shared.training import IGNORE_INDEX, head_positions
 
 
 class JointCurve(pl.Callback):

@@ -1,6 +1,6 @@
 """Medusa-1's and Medusa-2's training (docs/reference.md#training-recipes): recipe kinds "medusa1" (independent heads on
 h_t, frozen backbone) and "medusa2" (stage 2: LoRA adapters on the backbone trained jointly with the heads; its first,
-heads-only stage trains as medusa1: models/heads/schedules.py), and Medusa2Recipe, the joint stage's own fields.
+heads-only stage trains as medusa1: models/shared/schedules.py), and Medusa2Recipe, the joint stage's own fields.
 
     module = recipe_module("medusa2")(heads, get_peft_model(model, lora), Recipe(kind="medusa2", medusa_lambda=0.2))
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.heads.recipes import Recipe, check_field
-from models.heads.training import IGNORE_INDEX, HeadsModule, kl_to_reference, register_recipe
+from models.shared.recipes import Recipe, check_field
+from models.shared.training import IGNORE_INDEX, HeadsModule, kl_to_reference, register_recipe
 
 
 @dataclass

@@ -9,7 +9,7 @@ made, and an error names the field, its value and what is accepted.
     Recipe(kind="medusa1", unroll=2)                       # ValueError: medusa1 takes no unroll; it takes ...
     heads_only = recipe.as_kind("medusa1", lr=1e-3)        # the fields the other kind shares, changed where given
 
-The kinds register their type with their LightningModule in their method's package (models/heads/training.py
+The kinds register their type with their LightningModule in their method's package (models/shared/training.py
 register_recipe); the loss
 terms every recipe has (lm_loss_weight: CE against the data's token; teacher_loss_weight: soft CE against the
 frozen base's distribution) are the same for every method.

@@ -20,7 +20,7 @@ module holds the registry, export_heads / import_heads and what the writers and 
 - eagle3: vLLM's and SGLang's EAGLE-3 loaders (models/methods/eagle/eagle3_format.py): `model.safetensors` (fc, midlayer.*,
   norm, lm_head over the draft vocabulary, d2t, t2d) and `config.json` (LlamaForCausalLMEagle3, one layer,
   draft_vocab_size, the tapped layers in each loader's convention).
-- speculators: the speculators library's EAGLE-3 checkpoint, which vLLM serves as it is (models/heads/
+- speculators: the speculators library's EAGLE-3 checkpoint, which vLLM serves as it is (models/shared/
   speculators_format.py): eagle3's tensors with layers.0.* and embed_tokens, config.json an Eagle3SpeculatorConfig.
   Written only (no import).
 
@@ -39,8 +39,8 @@ from typing import Callable
 import torch
 
 from models.base import model_name
-from models.heads import DraftHeads, HeadsConfig, build_heads, check_compatible
-from models.heads.families import BUILTIN_METHODS
+from models.shared import DraftHeads, HeadsConfig, build_heads, check_compatible
+from models.shared.families import BUILTIN_METHODS
 
 OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never score: their softmax weight is 0
 

@@ -26,7 +26,7 @@ as the base's verify step). The node's predicted feature through the LM head giv
 only. The draft layer attends to the whole context (a sliding window is not applied to it).
 
 With DraftContext.static (a fixed tree's drafts replayed as a CUDA graph: models/engine/drafters/graphed.py) the
-draft cache is a StaticDraftCache instead (models/heads/static_draft_cache.py): fixed capacity, the accepted rows'
+draft cache is a StaticDraftCache instead (models/shared/autoregressive/static_cache.py): fixed capacity, the accepted rows'
 count read from a device tensor that prepare_static fills before each draft, f_{P-1} overwritten in place, and
 end() drops nothing (the next rows overwrite the drafted ones, and the masks hide them until then).
 """
@@ -38,7 +38,7 @@ from models.engine.drafters.base import AdvanceHistory, DraftContext
 from models.engine.drafters.proposer import Frontier
 from models.engine.kv_cache import new_cache
 from models.engine.projection import BaseLogits, logit_transform, project
-from models.heads.static_draft_cache import StaticDraftCache
+from models.shared.autoregressive.static_cache import StaticDraftCache
 
 __all__ = ["AutoregressiveProposer"]
 

@@ -1,15 +1,15 @@
 """Training draft heads with Lightning: one module per family and their losses (docs/reference.md#training-recipes).
 
     module = recipe_module("hydra")(heads, base_model, Recipe(kind="hydra", lr=1e-3))
-    trainer, best = fit_resumable(module, ...)       # models/heads/fitting.py: resumable, best val epoch kept
+    trainer, best = fit_resumable(module, ...)       # models/shared/fitting.py: resumable, best val epoch kept
 
 Targets: head k at position t predicts token t+k+2, and the position counts only when that token
-is an assistant token (labels != -100). A batch (models/heads/head_data.py) holds input_ids and labels
+is an assistant token (labels != -100). A batch (models/shared/head_data.py) holds input_ids and labels
 [B, T] (right padding), optionally `sources` [B, T] (the positions the heads read; all when absent)
 and, when the frozen base's hidden states come from the cache, `hidden` [B, T, h] (window batches:
 [B, 1, h]); without it the modules run the frozen backbone themselves.
 
-Draft vocabulary (heads.draft_ids, models/heads/draft_vocab.py): the heads' logits cover it only. The CE
+Draft vocabulary (heads.draft_ids, models/shared/draft_vocab.py): the heads' logits cover it only. The CE
 losses leave out targets outside it (nothing to learn there); the Hydra++ teacher is the base
 distribution restricted to it and renormalised; val top-1/top-5 count every target, an
 out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary heads.
@@ -21,7 +21,7 @@ HeadsModule is the base every method's module subclasses, registered under its r
   HydraModule     Medusa-1's loss, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal:
                   1.0^k)                                                        models/methods/hydra/training.py
   HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)   (the same)
-  AutoregressiveFitModule  EAGLE's layer or a draft model (models/heads/autoregressive_training.py; registered by
+  AutoregressiveFitModule  EAGLE's layer or a draft model (models/shared/autoregressive/training.py; registered by
                   models/methods/eagle/training.py and models/methods/draft_model/family.py)
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from models.engine.taps import final_and_taps
 from models.hardware import cpu_has_fast_bf16
-from models.heads.recipes import RECIPE_TYPES, Recipe, recipe_type
+from models.shared.recipes import RECIPE_TYPES, Recipe, recipe_type
 
 IGNORE_INDEX = -100
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def register_recipe(kind: str, recipe: type[Recipe] = Recipe):
 
 class HeadsModule(pl.LightningModule):
     """Frozen backbone, heads trained. What a head reads (path tokens, the Hydra++ prefix layer) comes from the
-    heads' family and module (models/heads/families.py, DraftHeads.read_hidden); subclasses change the losses or
+    heads' family and module (models/shared/families.py, DraftHeads.read_hidden); subclasses change the losses or
     what is trained."""
 
     heads_only_kind: str | None = None   # a joint recipe's heads-only first stage trains as this kind

@@ -1,5 +1,5 @@
 """The drafting methods: Medusa-1/2 (heads independent per depth), Hydra and Hydra++ (sequentially dependent
-heads), EAGLE, EAGLE-3 and a small draft model (one module run autoregressively, models/heads/autoregressive.py);
+heads), EAGLE, EAGLE-3 and a small draft model (one module run autoregressively, models/shared/autoregressive/draft.py);
 their families (families.py), typed recipes (recipes.py) and training (training.py, eagle_training.py), their
 proposers for the engine (proposers.py, autoregressive_proposer.py, registered by drafting.py) and formats.
 
@@ -7,7 +7,7 @@ Indexing (docs/reference.md#heads): the base LM head at position t predicts toke
 draft head k (k = 0..K-1) at position t predicts token t+k+2.
 
     heads = build_heads(HeadsConfig.for_base(model, family="hydra", num_heads=4, draft_vocab_size=4096), model,
-                        draft_ids=most_frequent(counts, 4096))          # models/heads/draft_vocab.py
+                        draft_ids=most_frequent(counts, 4096))          # models/shared/draft_vocab.py
     logits = heads.draft_logits(k, h_t, path_tokens)  # [..., Vd]; path_tokens = x_{t+1} .. x_{t+k+1}
     token_ids = heads.to_token_ids(logits.topk(10).indices)
     heads.head_logits(k, h_t, path_tokens)            # [..., V]: the same, -inf outside the draft vocabulary
@@ -19,6 +19,6 @@ Draft vocabulary (draft_vocab_size, None = the full vocabulary): the heads' LM h
 on attach, never saved); own LM heads are Linear(h, Vd) initialised from the same rows. `draft_ids` is saved
 with the weights and checked against the base model on load.
 """
-from models.heads.draft_heads import (ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig,  # noqa: F401
+from models.shared.draft_heads import (ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig,  # noqa: F401
                                       build_heads, check_compatible, load_heads)
-from models.heads.families import FAMILIES, ResBlock, get_family  # noqa: F401
+from models.shared.families import FAMILIES, ResBlock, get_family  # noqa: F401

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from models.heads.training import HeadsModule, head_positions
+from models.shared.training import HeadsModule, head_positions
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def fit_resumable(module: HeadsModule, train_loader, val_loader, ckpt_dir: str |
     module.fingerprint = fingerprint
     # last.ckpt at every epoch end (so a finished run resumes to its final state) and, optionally, every
     # N optimizer steps. A mid-epoch resume restores step, optimizer and schedule, and a ResumableLoader
-    # (models/heads/head_data.py) goes on at the next unseen batch of the interrupted epoch's order.
+    # (models/shared/head_data.py) goes on at the next unseen batch of the interrupted epoch's order.
     # Both write last.ckpt (no "-v1" copies): it always holds the latest state.
     same = {"dirpath": ckpt_dir, "filename": "{epoch}-{step}", "save_top_k": 0, "save_last": True,
             "enable_version_counter": False}

@@ -23,8 +23,8 @@ from models.engine.drafters.base import AdvanceHistory, DraftContext
 from models.engine.drafters.proposer import Frontier
 from models.engine.kv_cache import new_cache
 from models.engine.projection import project
-from models.heads.draft_heads import DraftHeads
-from models.heads.families import get_family
+from models.shared.draft_heads import DraftHeads
+from models.shared.families import get_family
 
 
 class HeadsProposer:

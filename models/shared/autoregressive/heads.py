@@ -1,5 +1,5 @@
 """What the autoregressive methods' modules share (EAGLE-1, EAGLE-3, a draft model): their family's base and the heads
-module that holds one draft module (models/heads/autoregressive.py) beside its LM head. Each method subclasses both in
+module that holds one draft module (models/shared/autoregressive/draft.py) beside its LM head. Each method subclasses both in
 its own package (models/methods/eagle/family.py, models/methods/draft_model/family.py).
 
     heads = build_heads(HeadsConfig.for_base(model, family="eagle", num_heads=5), model)   # an EagleHeads
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from models.heads.draft_heads import DraftHeads
-from models.heads.families import HeadFamily
+from models.shared.draft_heads import DraftHeads
+from models.shared.families import HeadFamily
 
 
 class AutoregressiveFamily(HeadFamily):
     """A draft module run depth after depth over its own outputs, ending in the heads' (shared) LM head over the draft
     vocabulary. `num_heads` is the number of depths it is measured on (and, with the recipe's `unroll`, trained on);
-    the blocks are empty. Drafted by models/heads/autoregressive_proposer.py."""
+    the blocks are empty. Drafted by models/shared/autoregressive/proposer.py."""
     autoregressive = True
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:

@@ -1,5 +1,5 @@
 """DraftHeads: a method's trained module (the K heads of one family, or an autoregressive method's draft module beside
-its LM head), its config, building, saving and loading (the package docstring, models/heads/__init__.py, shows the
+its LM head), its config, building, saving and loading (the package docstring, models/shared/__init__.py, shows the
 use). build_heads and load_heads make the family's heads_class (a subclass a method defines in its own package)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.base import model_name
-from models.heads.draft_vocab import check_draft_ids, index_in_draft
-from models.heads.families import get_family, share_res_blocks
+from models.shared.draft_vocab import check_draft_ids, index_in_draft
+from models.shared.families import get_family, share_res_blocks
 
 CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
 
@@ -65,7 +65,7 @@ class DraftHeads(nn.Module):
     submodules in __init__ and builds them from the base in build_parts (Hydra++: its prefix layer,
     models/methods/hydra/prefix.py; EAGLE: its layer, models/methods/eagle/family.py).
     """
-    draft_module = None       # an autoregressive method's module, run over its own outputs (models/heads/autoregressive.py)
+    draft_module = None       # an autoregressive method's module, run over its own outputs (models/shared/autoregressive/draft.py)
 
     def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None):
         super().__init__()
@@ -86,7 +86,7 @@ class DraftHeads(nn.Module):
         else:
             if draft_ids is None:
                 raise ValueError(f"config.draft_vocab_size={config.draft_vocab_size} needs its draft_ids "
-                                 "(models/heads/draft_vocab.py most_frequent)")
+                                 "(models/shared/draft_vocab.py most_frequent)")
             draft_ids = torch.as_tensor(draft_ids)
             check_draft_ids(draft_ids, config.vocab_size, config.draft_vocab_size)
             self.register_buffer("draft_ids", draft_ids.long().clone())                         # [Vd], saved

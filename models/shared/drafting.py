@@ -11,7 +11,7 @@ import copy
 from pathlib import Path
 
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.heads.draft_heads import ADAPTER_DIR, load_heads
+from models.shared.draft_heads import ADAPTER_DIR, load_heads
 
 
 def load_for_decoding(folder: str | Path, base, keep_base: bool = False, bf16_heads: bool | None = None):

@@ -3,10 +3,10 @@ by name (the `family` of conf/heads/<name>.yaml). The families themselves live i
 (models/methods/<method>/); this module holds the base class, the registry and the block every per-depth head has.
 
     family = get_family("hydra")                   # imports models.methods on a name not registered yet
-    blocks = family.build_blocks(h, K, L)          # DraftHeads (models/heads/draft_heads.py) holds them
+    blocks = family.build_blocks(h, K, L)          # DraftHeads (models/shared/draft_heads.py) holds them
     x = family.head_input(k, h_t, path, embed)     # what head k reads before its blocks
     family.heads_class                             # the module class (None: DraftHeads); Hydra++'s adds its prefix layer
-    family.recipes                                 # the training recipes it takes (models/heads/training.py RECIPES)
+    family.recipes                                 # the training recipes it takes (models/shared/training.py RECIPES)
 
 Adding a family is a HeadFamily subclass decorated with @register_family in the method's own package (imported by
 models/methods/__init__.py, or by whoever uses it) and one conf/heads/<name>.yaml that names it.
@@ -39,7 +39,7 @@ def get_family(name: str) -> "HeadFamily":
         importlib.import_module(BUILTIN_METHODS)
     if name not in FAMILIES:
         raise ValueError(f"heads family {name!r} is not known; use one of {sorted(FAMILIES)} "
-                         "(a new family registers itself with models.heads.families.register_family)")
+                         "(a new family registers itself with models.shared.families.register_family)")
     return FAMILIES[name]
 
 
@@ -77,7 +77,7 @@ class HeadFamily:
     prefix_layer: ClassVar[bool] = False      # the heads read the hidden states through a layer with its own KV
     #                                           cache (DraftHeads.read_hidden; Hydra++'s prefix layer)
     autoregressive: ClassVar[bool] = False    # one draft module run depth after depth over its own outputs (EAGLE)
-    recipes: ClassVar[tuple[str, ...]] = ()   # models/heads/training.py RECIPES it can be trained with
+    recipes: ClassVar[tuple[str, ...]] = ()   # models/shared/training.py RECIPES it can be trained with
     # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
     window_recipes: ClassVar[tuple[str, ...]] = ()
     lm_head_bias: ClassVar[bool] = True       # own LM heads (share_lm_head false) have a bias

@@ -1,11 +1,11 @@
 """Training EAGLE's draft layer (EAGLE-1, EAGLE-3) or a draft model (docs/reference.md#autoregressive-drafters): the
 module their methods register under their recipe kinds (models/methods/eagle/training.py, models/methods/draft_model/
-family.py), with an AutoregressiveRecipe (models/heads/recipes.py).
+family.py), with an AutoregressiveRecipe (models/shared/recipes.py).
 
     module = AutoregressiveFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
                                                       teacher_loss_weight=0.1, feature_noise=0.2))
 
-The heads are an AutoregressiveHeads (models/heads/autoregressive_heads.py): heads.draft_module is EAGLE's layer
+The heads are an AutoregressiveHeads (models/shared/autoregressive/heads.py): heads.draft_module is EAGLE's layer
 (or a draft model's layers), the heads' LM head (the frozen base LM head over the draft vocabulary when
 shared) scores its predicted features. Depth k
 at position t is the draft k+1 steps after the root pair (f_t, x_{t+1}) along the true tokens (EagleModule.unroll),
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.heads.training import HeadsModule, head_positions, soft_cross_entropy
+from models.shared.training import HeadsModule, head_positions, soft_cross_entropy
 
 
 class AutoregressiveFitModule(HeadsModule):

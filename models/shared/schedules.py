@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.heads.training import Recipe, recipe_module
+from models.shared.training import Recipe, recipe_module
 
 
 @dataclass
