@@ -315,7 +315,7 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
 
 
 def calibrate(cfg: DictConfig) -> dict:
-    from models.shared.drafting import load_for_decoding
+    from models.methods import load_for_decoding
 
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg)

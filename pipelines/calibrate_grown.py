@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from models.engine.drafters import GrownTreeDrafter
+from models.engine.drafting import GrownTreeDrafter
 from models.engine.trees import GrownTree
 from models.measure.calibration import predicted_tokens_per_s, step_timings
 from models.measure.grown_calibration import accepted_drafts, choose_grown, grown_settings, replay_grown

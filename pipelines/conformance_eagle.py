@@ -7,9 +7,9 @@ dependencies, never a dependency of the project) runs conformance/official_eagle
 applies to the official code and answers request files with result files (JSON). The tree is the package's
 own static tree (eagle.model.choices.mc_sim_7b_63, 25 nodes), which the runner reports and we decode on too.
 The draft layer is one file in the authors' format (models/methods/eagle/eagle_format.py write_eagle_module): the
-official EaModel loads it, ours reads the same file back (read_eagle) and drafts over the full vocabulary with
+official EaModel loads it, ours reads the same file back (import_heads) and drafts over the full vocabulary with
 the base LM head, as the official drafter does. Two cases:
-  golden   a layer from a seed (models/measure/conformance.py seeded_eagle_module), a few MT-Bench first turns:
+  golden   a layer from a seed (models/methods/eagle/seeded.py seeded_eagle_module), a few MT-Bench first turns:
            the official steps go to tests/golden/eagle_conformance.json, which tests/test_conformance_eagle.py
            replays against our decoder without the old environment;
   trained  results/heads/eagle (when trained), its draft vocabulary dropped (the format has none).
@@ -20,30 +20,28 @@ fixes, and tokens/s per decoder (medians over the runs).
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
-import json
-import os
-import statistics
 import tempfile
+from functools import partial
 from pathlib import Path
 
-import torch
-
-from models.base import load_base_model
-from models.engine.drafters import make_drafter
-from models.engine.fast_inference import prepare_for_decoding
-from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
+from models.methods import import_heads
+from models.methods.eagle.drafter import EagleDrafter
+from models.methods.eagle.eagle_format import write_eagle_module
 from models.hardware import cpu_model
-from models.measure.conformance import accepted_counts, compare_steps, paths_tree, record_steps, seeded_eagle_module
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.shared.drafting import load_for_decoding
+from models.measure.conformance import paths_tree, record_steps
+from models.methods.eagle.seeded import seeded_eagle_module
 from pipelines.common import REPO_ROOT, write_json
-from pipelines import conformance
-from pipelines.conformance import Official, _agrees, _paired, _tokens, baseline, official_env, prompts
+from pipelines.conformance_harness import (Official, decode_both, earlier_cases, interleaved, load_base,
+                                           official_env, one_case, output_tokens, parse_args as harness_args,
+                                           prompts, steps_row, timing_line, trained_heads, write_golden)
 
 VENV = REPO_ROOT / ".venv-conformance-eagle"
 OFFICIAL_PACKAGES = (["torch==2.13.0", "transformers==4.36.2"], ["--no-deps", "eagle-llm==1.2.1"])
 RUNNER = REPO_ROOT / "conformance" / "official_eagle.py"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "eagle_conformance.json"
+GOLDEN_ABOUT = ("per-step tokens (root, then accepted drafts) of the authors' EAGLE-1 code (eagle-llm 1.2.1 "
+                "EaModel.eagenerate, greedy, its static tree) on a draft layer from a seed; written by "
+                "`make conformance-eagle`")
 REPORT = REPO_ROOT / "reports" / "conformance_eagle.json"
 TREE = "eagle_mc_sim_7b_63"
 
@@ -52,109 +50,64 @@ def run_case(name: str, model, tok, module, prompt_list: list[dict], new_tokens:
     """Both decoders on every prompt, interleaved; -> the case's records, timings, tree and the runner's checks."""
     work = Path(tempfile.mkdtemp(prefix=f"conformance-eagle-{name}-"))
     write_eagle_module(module, model, work / "eagle-official")
-    ours = read_eagle(work / "eagle-official", model).eagle          # the very file the official code loads
+    ours = import_heads(work / "eagle-official", model, "eagle").eagle   # the very file the official code loads
     official = Official(official_env(VENV, OFFICIAL_PACKAGES), RUNNER, "EAGLE", work, args.threads,
                         prompt_list[0]["ids"], model=Path(args.model).resolve(), eagle=work / "eagle-official")
     tree = [list(p) for p in official.ready["tree"]]
-    drafter = make_drafter({"kind": "eagle", "tree": paths_tree(TREE, tree)}, eagle=ours)
+    drafter = EagleDrafter(ours, paths_tree(TREE, tree))
     official.decode(prompt_list[0]["ids"], 8)                         # warm-up, untimed
     record_steps(model, drafter, prompt_list[0]["ids"], 8, tok.eos_token_id)
     runs, steps = {"ours": [], "official": []}, []
-    for r in range(repeats):
-        for qi, p in enumerate(prompt_list):
-            order = ("official", "ours") if (r * len(prompt_list) + qi) % 2 == 0 else ("ours", "official")
-            got = {}
-            for who in order:
-                got[who] = (official.decode(p["ids"], new_tokens) if who == "official" else
-                            record_steps(model, drafter, p["ids"], new_tokens, tok.eos_token_id))
-                runs[who].append(len(got[who]["new_tokens"]) / got[who]["seconds"])
-            if r == 0:
-                steps.append({"question_id": p["question_id"], "ours": got["ours"]["steps"],
-                              "official": got["official"]["steps"]})
-            print(f"{name} q{p['question_id']} run {r}: "
-                  + ", ".join(f"{w} {runs[w][-1]:.2f} tok/s" for w in order), flush=True)
+    for r, p, order in interleaved(prompt_list, repeats):
+        got = decode_both(order, {
+            "official": partial(official.decode, p["ids"], new_tokens),
+            "ours": partial(record_steps, model, drafter, p["ids"], new_tokens, tok.eos_token_id)}, runs)
+        if r == 0:
+            steps.append({"question_id": p["question_id"], "ours": got["ours"]["steps"],
+                          "official": got["official"]["steps"]})
+        print(timing_line(f"{name} q{p['question_id']} run {r}", order, runs), flush=True)
     official.close()
     return {"runs": runs, "steps": steps, "tree": tree, "checks": official.ready["checks"]}
 
 
 def summarize(case: dict, base: dict | None, new_tokens: int) -> dict:
-    per_q = case["steps"]
-    results = [compare_steps(q["ours"], q["official"]) for q in per_q]
-    first = next(({"question_id": q["question_id"], **r["first_mismatch"]} for q, r in zip(per_q, results)
-                  if not r["identical"]), None)
-    counts = [c for q in per_q for c in accepted_counts(q["official"])]
-    row = {"steps_compared": sum(r["compared"] for r in results),
-           "identical": all(r["identical"] for r in results), "first_mismatch": first,
-           "steps_identical": sum(r["compared"] - (not r["identical"]) for r in results),
-           "steps_accepting_drafts": sum(c > 0 for c in counts), "accepted_drafts": sum(counts),
-           "mean_tokens_per_step": (sum(counts) + len(counts)) / max(1, len(counts)),
-           "tokens_per_second": {w: statistics.median(v) for w, v in case["runs"].items()},
-           "runs": {w: len(v) for w, v in case["runs"].items()},
-           "ours_over_official_paired": _paired(case["runs"]), "tokens_per_second_runs": case["runs"],
-           "official_checks": case["checks"]}
-    if base is not None:
-        row["matches_baseline"] = {w: all(_agrees(_tokens(q[w])[:new_tokens], b)
-                                          for q, b in zip(per_q, base["tokens"])) for w in ("ours", "official")}
-        row["baseline_tokens_per_second"] = statistics.median(base["tokens_per_second"])
-    return row
+    """The report row of the one tree (conformance_harness.steps_row), with the steps that matched and the runner's
+    checks of its fixes."""
+    return steps_row(case["steps"], case["runs"], base, new_tokens, count_identical=True,
+                     official_checks=case["checks"])
 
 
-def write_golden(case: dict, prompt_list: list[dict], settings: dict, path: Path = GOLDEN) -> None:
-    """The official decoder's steps for the seeded layer: what tests/test_conformance_eagle.py replays."""
-    golden = {"about": "per-step tokens (root, then accepted drafts) of the authors' EAGLE-1 code (eagle-llm 1.2.1 "
-                       "EaModel.eagenerate, greedy, its static tree) on a draft layer from a seed; written by "
-                       "`make conformance-eagle`",
-              **settings, "tree": {"name": TREE, "paths": case["tree"]},
-              "prompts": [{k: p[k] for k in ("question_id", "category", "ids")} for p in prompt_list],
-              "steps": [q["official"] for q in case["steps"]],
-              "output_tokens": [_tokens(q["official"]) for q in case["steps"]]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-    print(f"wrote {path.relative_to(REPO_ROOT)}", flush=True)
-
-
-def one_case(name: str, model, tok, module, prompt_list, new_tokens: int, repeats: int, args) -> tuple[dict, dict]:
-    base = baseline(model, tok, prompt_list, new_tokens) if args.baseline else None
-    case = run_case(name, model, tok, module, prompt_list, new_tokens, repeats, args)
-    row = summarize(case, base, new_tokens)
-    verdict = ("identical accepted drafts on every compared step" if row["identical"] else
-               f"FIRST MISMATCH: {row['first_mismatch']}")
-    print(f"{name}: {row['steps_compared']} steps compared: {verdict}; {row['steps_accepting_drafts']} steps "
-          f"accepted drafts, {row['mean_tokens_per_step']:.2f} tokens a step; tokens/s ours "
-          f"{row['tokens_per_second']['ours']:.2f}, official {row['tokens_per_second']['official']:.2f}"
-          + (f"; both match the baseline: {row['matches_baseline']}" if base else ""), flush=True)
-    return case, {"questions": len(prompt_list), "new_tokens": new_tokens, "repeats": repeats, **row}
+def golden_fields(case: dict) -> dict:
+    """What the golden file holds beside its settings and prompts: the official steps and the tokens they make."""
+    return {"steps": [q["official"] for q in case["steps"]],
+            "output_tokens": [output_tokens(q["official"]) for q in case["steps"]]}
 
 
 def parse_args(argv=None):
-    return conformance.parse_args(argv, __doc__.split("\n")[2], "results/heads/eagle", questions=3, new_tokens=32)
+    return harness_args(argv, __doc__.split("\n")[2], "results/heads/eagle", questions=3, new_tokens=32)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    os.chdir(REPO_ROOT)                 # the heads name their base model by its path from here
-    torch.set_num_threads(args.threads)
-    model, tok = load_base_model(args.model)
-    prepare_for_decoding(model)
-    earlier = json.loads(REPORT.read_text()).get("cases", {}) if REPORT.is_file() else {}
+    model, tok = load_base(args)
     report = {"machine": cpu_model(), "threads": args.threads,
               "official": "eagle-llm 1.2.1 (eagle.model.EaModel.eagenerate), transformers 4.36.2",
-              "cases": {k: v for k, v in earlier.items() if k in args.skip}}
+              "cases": earlier_cases(REPORT, args.skip)}
     if "golden" not in args.skip:
         plist = prompts(Path(args.questions_file), args.golden_questions, tok)
         module = seeded_eagle_module(model, args.seed, args.scale)
-        case, report["cases"]["golden"] = one_case("golden", model, tok, module, plist, args.golden_tokens, 1, args)
+        case, report["cases"]["golden"] = one_case("golden", run_case, summarize, model, tok, module, plist,
+                                                   args.golden_tokens, 1, args)
         report["cases"]["golden"]["eagle"] = {"seed": args.seed, "scale": args.scale}
-        write_golden(case, plist, {"seed": args.seed, "scale": args.scale, "max_new_tokens": args.golden_tokens,
-                                   "threads": args.threads})
-    if "trained" not in args.skip and Path(args.heads).is_dir():
-        model_t, heads, _ = load_for_decoding(args.heads, model, bf16_heads=False)   # float32: the authors' products
+        settings = {"seed": args.seed, "scale": args.scale, "max_new_tokens": args.golden_tokens,
+                    "threads": args.threads, "tree": {"name": TREE, "paths": case["tree"]}}
+        write_golden(GOLDEN, GOLDEN_ABOUT, settings, plist, golden_fields(case))
+    if (trained := trained_heads(args, model)) is not None:
+        model_t, heads = trained          # its draft vocabulary dropped: the authors' format has none
         plist = prompts(Path(args.questions_file), args.questions, tok)
-        _, report["cases"]["trained"] = one_case("trained", model_t, tok, heads.draft_module, plist,
-                                                 args.new_tokens, args.repeats, args)
+        _, report["cases"]["trained"] = one_case("trained", run_case, summarize, model_t, tok, heads.draft_module,
+                                                 plist, args.new_tokens, args.repeats, args)
         report["cases"]["trained"]["eagle"] = args.heads
-    elif "trained" not in args.skip:
-        print(f"no trained heads in {args.heads}: the trained case is left out", flush=True)
     write_json(REPORT, report)
     print(f"wrote {REPORT.relative_to(REPO_ROOT)}", flush=True)
     return report

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from models.shared import ADAPTER_DIR, load_heads
-from models.shared.formats import FORMATS, export_heads, import_heads
-import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
+from models.shared import ADAPTER_DIR
+from models.methods import export_heads, import_heads, known_formats, load_heads
 from pipelines.common import load_model, log, stage
 
 
@@ -30,8 +29,8 @@ def export_folder(cfg: DictConfig) -> Path:
 
 def run_export(cfg: DictConfig) -> dict:
     fmt = cfg.export.format
-    if fmt not in FORMATS:
-        raise ValueError(f"export.format={fmt!r}: accepted {', '.join(FORMATS)}")
+    if fmt not in known_formats():
+        raise ValueError(f"export.format={fmt!r}: accepted {', '.join(known_formats())}")
     model, _ = load_model(cfg)
     if cfg.export.import_from:
         heads = import_heads(cfg.export.import_from, model, fmt)

@@ -24,9 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.engine.drafters import make_drafter
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.shared.drafting import load_for_decoding
+from models.engine.drafting import make_drafter
+from models.methods import load_for_decoding
 from pipelines.methods import pld_settings, random_heads, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host

@@ -1,7 +1,7 @@
 """python -m pipelines.interop      (make interop)     [--seed 0 --topk 5 --model FOLDER]
 
 An EAGLE-3 export read by its consumer's own code (docs/conformance.md#speculators-interop): a tiny EAGLE-3 draft
-from a seed (models/measure/interop.py) on an 8-layer tiny Llama is written with export.format=speculators
+from a seed (models/methods/eagle/interop.py) on an 8-layer tiny Llama is written with export.format=speculators
 (models/methods/eagle/speculators_format.py), and the speculators library, in its own environment (.venv-speculators,
 built here on first use: torch 2.13.0, transformers 5.19.0, the library's import dependencies, speculators 0.9.0
 without its dependencies; never a dependency of the project), loads it with SpeculatorModel.from_pretrained and
@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 
 from models.base import load_base_model
-from models.shared.formats import export_heads
-import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
-from models.measure.interop import BASE, DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, \
+from models.methods import export_heads
+from models.methods.eagle.interop import BASE, DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, \
     seeded_eagle3_heads
 from pipelines.common import REPO_ROOT
-from pipelines.conformance import official_env
+from pipelines.conformance_harness import official_env
 
 VENV = REPO_ROOT / ".venv-speculators"
 PACKAGES = (["torch==2.13.0"],

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models.engine.drafters import StepDrafter, make_drafter, tree_drafter
+from models.engine.drafting import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.measure.mtbench import spread
 from models.measure.latency import relative_step_costs
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.shared.drafting import load_for_decoding
+from models.methods import load_for_decoding
 from pipelines.common import conf_option, log
 
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")

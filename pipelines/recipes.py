@@ -13,7 +13,8 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.shared.families import get_family
+from models.methods import make_recipe as recipe_of
+from models.methods import method, recipe_kind
 from models.shared.recipes import Recipe
 from pipelines.common import heads_options
 
@@ -66,7 +67,7 @@ def make_recipe(cfg: DictConfig) -> Recipe:
     d.setdefault("max_warmup_ratio", cfg.profile.train.get("max_warmup_ratio"))
     if d.get("lm_loss") == "auto":  # Medusa-2: KL to the adapters-off model only on the model's own answers
         d["lm_loss"] = "kl" if cfg.profile.train.get("data", "distilled") == "distilled" else "ce"
-    return Recipe.from_dict(d, ignore=STAGE_KEYS)
+    return recipe_of(d, ignore=STAGE_KEYS)
 
 
 def checked_recipe(cfg: DictConfig) -> Recipe:
@@ -75,10 +76,10 @@ def checked_recipe(cfg: DictConfig) -> Recipe:
     if h.family == "none":
         raise ValueError(f"heads=none has nothing to train; use heads=<one of {heads_options()}>")
     recipe = make_recipe(cfg)
-    family = get_family(h.family)
-    if recipe.kind not in family.recipes:
+    kinds = method(h.family).recipe_kinds
+    if recipe.kind not in kinds:
         raise ValueError(f"heads {h.name}: recipe kind {recipe.kind!r} does not train the {h.family!r} family; "
-                         f"it takes {list(family.recipes)}")
+                         f"it takes {list(kinds)}")
     return recipe
 
 

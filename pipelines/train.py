@@ -42,10 +42,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 
+from models.methods import recipe_kind
 from models.shared.head_data import target_positions, unigram_baseline
-import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
 from models.shared.hidden_cache import sequences_fingerprint
-from models.methods.medusa.joint_stage import JointCurve, backbone_drift
 from models.shared.schedules import plan_stages
 from models.shared.fitting import Throughput, fit_resumable
 from models.shared.training import Recipe, on_gpu, resolve_precision
@@ -183,7 +182,7 @@ def run_train(cfg: DictConfig) -> dict:
         t_fit = time.time() - t_fit
         # 5) final figures (the best epoch's weights), heads folder, metrics
         final = trainer.validate(module, loader("val"), verbose=False)[0]
-        drift = backbone_drift(module, data, device) if module.joint_backbone else {}
+        drift = module.after_fit(data, device)
         record = recipe_record(cfg, recipe)
         save_heads(heads, module if module.joint_backbone else None, out_dir, record)
         run_log_dict(record, RECIPE_FILE)
@@ -215,7 +214,7 @@ def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, t
     """(the last stage's module and trainer, {stage: summary}): every stage the recipe plans
     (models/shared/schedules.py), each resumable from its own checkpoints."""
     r, t = cfg.heads.recipe, cfg.profile.train
-    plans = plan_stages(recipe, epochs, float(r.get("stage1_fraction") or 0),
+    plans = plan_stages(recipe_kind(recipe.kind).module, recipe, epochs, float(r.get("stage1_fraction") or 0),
                         OmegaConf.to_container(r.lora, resolve=True) if r.get("lora") else None,
                         t.get("joint_max_train_samples"), t.get("joint_val_every_n_steps"))
     parts = {}
@@ -224,8 +223,7 @@ def fit_family(cfg, heads, model, recipe, loader, ckpt_root, data_key, epochs, t
         train, kwargs, extra = loader("train", plan.loader_kind, limit=plan.limit), dict(trainer_kwargs), []
         if plan.val_every:   # at most once an epoch's batches (Lightning refuses a longer interval)
             kwargs["val_check_interval"] = min(int(plan.val_every), len(train))
-        if plan.lora is not None:
-            extra = [JointCurve()]
+        extra = module.stage_callbacks()
         trainer, parts[plan.name] = fit_part(module, train, loader("val"), ckpt_root if plan.name == "fit" else
                                              ckpt_root / plan.name, fingerprint(cfg, data_key, plan.name), plan.epochs,
                                              kwargs, logger, [*cbs, *extra], every)

@@ -11,10 +11,9 @@ import torch
 from datasets import load_from_disk
 from omegaconf import DictConfig
 
-import models.methods  # noqa: F401  (every method's family, recipe kinds and formats)
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, method
 from models.shared.draft_vocab import answer_token_counts, coverage, most_frequent
-from models.shared.families import get_family
 from models.shared.head_data import HeadsDataset, conversation_loader, window_loader
 from models.shared.hidden_cache import HiddenCache, cache_key
 from models.shared.training import IGNORE_INDEX
@@ -66,7 +65,7 @@ def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
     """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
     (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
     t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
-    taps = get_family(cfg.heads.family).taps(model.config)        # EAGLE-3: its taps beside the final state
+    taps = method(cfg.heads.family).family.taps(model.config)        # EAGLE-3: its taps beside the final state
     if t.get("hidden_cache", True):
         for split, (ids, _) in data.items():
             folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=taps)
@@ -78,7 +77,7 @@ def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
 def make_loader(cfg: DictConfig, data: dict, hidden: dict, pad: int):
     """loader(split, kind=None, limit=None): train on random positions of the cache (families that read one
     position each: family.window_recipes) or shuffled length buckets; val on length buckets."""
-    h, family, batch_positions = cfg.heads, get_family(cfg.heads.family), int(cfg.profile.train.batch_positions)
+    h, family, batch_positions = cfg.heads, method(cfg.heads.family).family, int(cfg.profile.train.batch_positions)
 
     def loader(split, kind=None, limit=None):
         ids, labels = data[split]

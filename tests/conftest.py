@@ -8,7 +8,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from models.base import build_tiny_model, build_tiny_tokenizer
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO_ROOT / "conf")

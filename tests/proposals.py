@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from models.engine.acceptance import SamplingConfig
-from models.engine.drafters import DraftContext, draft_tree, proposer_for
+from models.engine.drafting import DraftContext, draft_tree, proposer_for
 
 
 def started(heads, hidden: torch.Tensor, sampling: SamplingConfig | None = None, generator=None, input_ids=None):

@@ -17,13 +17,14 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import generate
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.engine.taps import LayerTaps
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.shared.draft_vocab import most_frequent
 from models.methods.eagle.eagle3 import Eagle3Module, layer_config
 from models.shared.head_data import HeadsDataset, collate
-from models.shared.training import MODULES, Recipe
+from models.methods import new_recipe, recipe_kind
 from tests.test_decoding import TREES, cyclic_prompt, perturbed
 from tests.test_eagle3 import authors_init
 from tests.test_training import examples
@@ -157,12 +158,12 @@ def training_module(model, method):
     heads = method_heads(model, method, num_heads=3).requires_grad_(True)
     model.requires_grad_(False)
     kind = {"sps": "draft_model"}.get(method, method)
-    recipe = Recipe(kind=kind, lr=1e-2, warmup_ratio=0.0, **RECIPES[method])
+    recipe = new_recipe(kind=kind, lr=1e-2, warmup_ratio=0.0, **RECIPES[method])
     if method == "medusa2":
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
-    return MODULES[kind](heads, model, recipe)
+    return recipe_kind(kind).module(heads, model, recipe)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -3,14 +3,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.measure.latency import interpolate_cost
 from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
                                 greedy_tree, predicted_accept_length, predicted_tokens_per_s,
                                 replay_accept_length, replay_steps, sequence_ranks, simulate_accept_length,
                                 top1_unconditional)
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from pipelines.common import REPO_ROOT
 
 SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from models.engine.trees import TreeBuffers, tree_from_config
-from models.measure.conformance import accepted_counts, compare_steps, medusa_v01_tree
+from models.measure.conformance import accepted_counts, compare_steps
+from models.methods.medusa.seeded import medusa_v01_tree
 from pipelines.common import REPO_ROOT
 
 GOLDEN = REPO_ROOT / "tests" / "golden" / "medusa_conformance.json"
@@ -67,11 +68,11 @@ def test_the_golden_file_is_informative():
 @pytest.mark.slow
 def test_our_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
-    from models.engine.drafters import make_drafter
+    from models.engine.drafting import make_drafter
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-    from models.shared.formats import export_heads
-    from models.methods.medusa.formats import import_medusa
-    from models.measure.conformance import record_steps, seeded_medusa_heads
+    from models.methods import export_heads, import_heads
+    from models.measure.conformance import record_steps
+    from models.methods.medusa.seeded import seeded_medusa_heads
 
     g = golden()
     before = torch.get_num_threads()
@@ -80,7 +81,7 @@ def test_our_decoder_takes_the_official_steps(smollm_dir, tmp_path):
         model, tok = load_base_model(str(smollm_dir))
         prepare_for_decoding(model)
         export_heads(seeded_medusa_heads(model, g["seed"], g["num_heads"], g["scale"]), model, tmp_path, "medusa")
-        heads = import_medusa(tmp_path, model)          # the file the official code read
+        heads = import_heads(tmp_path, model, "medusa")          # the file the official code read
         prepare_heads_for_decoding(heads, bf16=False)
         for tree, per_prompt in g["steps"].items():
             drafter = make_drafter({"kind": "heads", "tree": our_tree(tree)}, heads=heads)

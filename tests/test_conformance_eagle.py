@@ -11,7 +11,8 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.trees import TreeBuffers
-from models.measure.conformance import accepted_counts, compare_steps, paths_tree, seeded_eagle_module
+from models.measure.conformance import accepted_counts, compare_steps, paths_tree
+from models.methods.eagle.seeded import seeded_eagle_module
 from pipelines.common import REPO_ROOT
 
 GOLDEN = REPO_ROOT / "tests" / "golden" / "eagle_conformance.json"
@@ -64,9 +65,10 @@ def test_the_eagle_harness_summary_names_the_question_and_step_of_a_mismatch():
 @pytest.mark.slow
 def test_our_eagle_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
-    from models.engine.drafters import make_drafter
     from models.engine.fast_inference import prepare_for_decoding
-    from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
+    from models.methods import import_heads
+    from models.methods.eagle.drafter import EagleDrafter
+    from models.methods.eagle.eagle_format import write_eagle_module
     from models.measure.conformance import record_steps
 
     g = golden()
@@ -76,9 +78,9 @@ def test_our_eagle_decoder_takes_the_official_steps(smollm_dir, tmp_path):
         model, tok = load_base_model(str(smollm_dir))
         prepare_for_decoding(model)
         write_eagle_module(seeded_eagle_module(model, g["seed"], g["scale"]), model, tmp_path)
-        eagle = read_eagle(tmp_path, model).eagle                  # the file the official code read
+        eagle = import_heads(tmp_path, model, "eagle").eagle                  # the file the official code read
         tree = paths_tree(g["tree"]["name"], g["tree"]["paths"])
-        drafter = make_drafter({"kind": "eagle", "tree": tree}, eagle=eagle)
+        drafter = EagleDrafter(eagle, tree)
         for prompt, official in zip(g["prompts"], g["steps"]):
             ours = record_steps(model, drafter, prompt["ids"], g["max_new_tokens"], tok.eos_token_id)["steps"]
             result = compare_steps(ours, official)

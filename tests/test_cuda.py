@@ -15,8 +15,9 @@ import torch
 from models.base import build_tiny_model
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate, prefill, time_step
-from models.engine.drafters import PromptLookupDrafter, heads_drafter, make_drafter
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.engine.drafting import PromptLookupDrafter, heads_drafter, make_drafter
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.shared.fitting import fit_resumable
 from tests.test_calibration import _tiny_stage_config, _write_tiny_distilled
 from tests.test_decoding import TREES, cyclic_prompt, prompt_ids

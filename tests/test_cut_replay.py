@@ -10,7 +10,7 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import generate
-from models.engine.drafters import TreeDrafter
+from models.engine.drafting import TreeDrafter
 from models.engine.trees import tree_from_config
 from models.measure.cut_replay import (CutStep, RecordingDrafter, accepted_nodes, most_accepted, probability_map,
                                        replay, replay_policies)

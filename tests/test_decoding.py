@@ -16,9 +16,10 @@ from transformers import DynamicCache
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, method
 from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
-from models.engine.drafters import (DraftContext, NgramIndex, PromptLookupDrafter, TreeDrafter,
+from models.engine.drafting import (DraftContext, NgramIndex, PromptLookupDrafter, TreeDrafter,
                                     cut_by_cost, heads_drafter)
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from tests.proposals import started
@@ -65,7 +66,7 @@ class OracleHeads(nn.Module):
 
     ranks[k]: the rank at which head k proposes the right token, the ranks above it wrong tokens; None: head k
     never proposes it (scored last). Default: rank 0 for every head. Other ranks are random tokens.
-    Same interface as DraftHeads (config, head_logits, read_hidden).
+    Same interface as DraftHeads (config, method, family, head_logits, read_hidden).
     """
 
     SNAP_TOL = 1e-5     # measured: < 1e-6 on the tiny models (float32); pruned rows kept in fp16: 1e-5 - 1e-4
@@ -75,6 +76,8 @@ class OracleHeads(nn.Module):
         self.config = HeadsConfig(family=family, num_heads=num_heads, num_layers=1,
                                   hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size,
                                   base_model="oracle")
+        self.method = method(family)              # how it drafts: its family's proposer, as a DraftHeads
+        self.family = self.method.family
         self.seq = torch.tensor(sequence)
         self.ranks = (0,) * num_heads if ranks is None else tuple(ranks)
         assert len(self.ranks) == num_heads

@@ -9,13 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from tests.proposals import propose, started
 from models.engine.acceptance import SamplingConfig, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.shared.draft_vocab import answer_token_counts, check_draft_ids, coverage, most_frequent
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 from tests.test_decoding import perturbed

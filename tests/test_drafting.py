@@ -1,4 +1,4 @@
-"""models/shared/drafting.py: trained heads loaded for decoding in one call (the LoRA merged, on a copy when the
+"""models.methods.load_for_decoding: trained heads loaded for decoding in one call (the LoRA merged, on a copy when the
 caller keeps its base, both packed), and the one factory that gives every head family its proposer."""
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from peft import LoraConfig, get_peft_model
 
 from models.base import build_tiny_model
 from models.engine.decoding import generate
-from models.engine.drafters import heads_drafter, proposer_for
+from models.engine.drafting import heads_drafter, proposer_for
 from models.engine.fast_inference import is_packed
-from models.shared import ADAPTER_DIR, HeadsConfig, build_heads
+from models.shared import ADAPTER_DIR, HeadsConfig
+from models.methods import build_heads
 from models.shared.autoregressive.proposer import AutoregressiveProposer
-from models.shared.drafting import load_for_decoding
-from models.shared.heads_proposer import HeadsProposer
+from models.methods import load_for_decoding
+from models.methods.hydra.proposer import HydraProposer
+from models.methods.medusa.proposer import MedusaProposer
 from tests.test_decoding import TREES, prompt_ids
 
 
@@ -48,8 +50,8 @@ def test_load_for_decoding_merges_on_a_copy_when_asked_and_packs_both(tmp_path, 
     assert res.new_tokens == base.new_tokens
 
 
-@pytest.mark.parametrize("family,proposer", [("medusa", HeadsProposer), ("hydra", HeadsProposer),
-                                             ("hydra_pp", HeadsProposer), ("eagle", AutoregressiveProposer),
+@pytest.mark.parametrize("family,proposer", [("medusa", MedusaProposer), ("hydra", HydraProposer),
+                                             ("hydra_pp", HydraProposer), ("eagle", AutoregressiveProposer),
                                              ("eagle3", AutoregressiveProposer),
                                              ("draft_model", AutoregressiveProposer)])
 def test_every_head_family_gets_its_proposer(family, proposer):
@@ -59,9 +61,9 @@ def test_every_head_family_gets_its_proposer(family, proposer):
     assert type(proposer_for(heads)) is proposer
 
 
-def test_heads_no_factory_knows_are_refused_by_name():
+def test_heads_that_carry_no_method_are_refused_with_what_to_do():
     class Unknown:
         config = type("Config", (), {"family": "no_such_family"})()
 
-    with pytest.raises(ValueError, match="no_such_family"):
+    with pytest.raises(ValueError, match="Unknown carries no method.*models.methods.build_heads"):
         proposer_for(Unknown())

@@ -18,10 +18,10 @@ def test_every_stage_depends_on_the_code_it_imports_and_no_folder_of_code_it_doe
 def test_a_dropped_dependency_is_reported(tmp_path):
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     dvc["stages"]["references"]["deps"].remove("models/engine")
-    dvc["stages"]["train"]["do"]["deps"].remove("models/shared/families.py")
+    dvc["stages"]["train"]["do"]["deps"].remove("models/engine/taps.py")
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     missing = missing_deps(tmp_path / "dvc.yaml")
-    assert set(missing) == {"references", "train"} and missing["train"] == ["models/shared/families.py"]
+    assert set(missing) == {"references", "train"} and missing["train"] == ["models/engine/taps.py"]
     assert {"models/engine/acceptance.py", "models/engine/drafters/tree.py"} <= set(missing["references"])
     assert all(f.startswith("models/engine/") for f in missing["references"])
 
@@ -35,7 +35,7 @@ def test_a_folder_dependency_covers_its_files_and_must_hold_only_code_the_stage_
     assert "tables" not in missing_deps(tmp_path / "dvc.yaml")
     broad = broad_deps(tmp_path / "dvc.yaml")
     assert broad["tables"] == ["analysis/readme.py"]                   # the README's table, not the stage's
-    assert "models/shared/fitting.py" in broad["evaluate"] and "models/shared/drafting.py" not in broad["evaluate"]
+    assert "models/shared/fitting.py" in broad["evaluate"] and "models/shared/draft_heads.py" not in broad["evaluate"]
 
 
 def test_each_chain_reads_only_its_own_familys_files():
@@ -57,7 +57,7 @@ def test_the_closure_follows_imports_inside_functions_and_packages():
     # models.engine.decoding imports models.engine.acceptance at the top and the heads' drafter lazily or not:
     for f in ("pipelines/evaluate.py", "pipelines/common.py", "models/base.py", "models/engine/__init__.py",
               "models/engine/decoding.py", "models/engine/acceptance.py", "models/shared/families.py",
-              "models/methods/hydra/prefix.py", "models/methods/medusa/drafting.py"):
+              "models/methods/hydra/prefix.py", "models/methods/medusa/proposer.py"):
         assert f in closure, f
     assert not any(f.startswith(("tests/", ".venv")) for f in closure)
     assert "models/base.py" in import_closure("pipelines.assets")        # pipelines.common loads the model lazily

@@ -1,7 +1,7 @@
 """EAGLE-1 (models/methods/eagle/eagle.py, models/shared/autoregressive/proposer.py) on tiny random models: greedy decoding equals
 the baseline, the draft cache holds exactly the accepted pairs (equal to one run over the whole sequence), every
-drafted node is what the draft layer run from scratch over its path proposes, rewinding restores the state, and
-make_drafter names what is missing."""
+drafted node is what the draft layer run from scratch over its path proposes, rewinding restores the state, and a
+sampled draft's q covers the full vocabulary."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,8 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, time_step
-from models.engine.drafters import DraftContext, make_drafter
-from models.methods.eagle.drafting import EagleDrafter
+from models.engine.drafting import DraftContext
+from models.methods.eagle.drafter import EagleDrafter
 from models.engine.trees import TreeBuffers, tree_from_config
 from models.methods.eagle.eagle import EagleModule
 from tests.lossless_rule import assert_greedy_lossless
@@ -62,7 +62,7 @@ def test_greedy_eagle_equals_baseline(arch):
     ids = prompt_ids(tok)
     base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
     for name in ("chain4", "sparse64"):
-        res = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": TREES[name]}, eagle=eagle),
+        res = generate(model, tok, ids, EagleDrafter(eagle, TREES[name]),
                        max_new_tokens=24, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens, (arch, name)
         assert len(res.new_tokens) == 1 + sum(res.accept_lengths)
@@ -75,7 +75,7 @@ def test_greedy_eagle_equals_baseline_on_short_prompts_and_a_bf16_base():
     model, tok, eagle = eagle_for(seed=3)
     for ids in ([5], [5, 6]):
         base = generate(model, tok, ids, max_new_tokens=8, stop_token_ids=[])
-        res = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": SMALL_TREE}, eagle=eagle),
+        res = generate(model, tok, ids, EagleDrafter(eagle, SMALL_TREE),
                        max_new_tokens=8, stop_token_ids=[])
         assert res.new_tokens == base.new_tokens
     model = model.to(torch.bfloat16)
@@ -83,7 +83,7 @@ def test_greedy_eagle_equals_baseline_on_short_prompts_and_a_bf16_base():
     assert eagle.dtype == torch.float32
     ids = prompt_ids(tok)
     base = generate(model, tok, ids, max_new_tokens=12, stop_token_ids=[])
-    res = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": TREES["sparse64"]}, eagle=eagle),
+    res = generate(model, tok, ids, EagleDrafter(eagle, TREES["sparse64"]),
                    max_new_tokens=12, stop_token_ids=[])
     assert_greedy_lossless(model, ids, base, res)          # bf16: equal, or apart first at a bf16 tie
 
@@ -187,10 +187,10 @@ def test_time_step_rewinds_the_eagle_drafter():
     model, tok, eagle = eagle_for(seed=3)
     ids = cyclic_prompt(model, tok)
     spec = SMALL_TREE
-    want = generate(model, tok, ids, make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle), max_new_tokens=12,
+    want = generate(model, tok, ids, EagleDrafter(eagle, spec), max_new_tokens=12,
                     stop_token_ids=[])
     with torch.inference_mode():
-        drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)
+        drafter = EagleDrafter(eagle, spec)
         state = prefill(model, torch.tensor([ids]), SamplingConfig(), drafter=drafter)
         got, lengths = [state.root], []
         tokens, _ = decode_step(state, drafter, max_depth=4)
@@ -205,15 +205,9 @@ def test_time_step_rewinds_the_eagle_drafter():
     assert got[:12] == want.new_tokens and lengths == want.accept_lengths
 
 
-def test_make_drafter_names_what_an_eagle_drafter_misses():
+def test_a_bare_eagle_drafters_sampled_draft_covers_the_full_vocabulary():
     model, _, eagle = eagle_for()
-    with pytest.raises(ValueError, match=r"an eagle drafter needs eagle=EagleModule\(\.\.\.\)$"):
-        make_drafter({"kind": "eagle", "tree": TREES["chain4"]})
-    with pytest.raises(ValueError, match="needs eagle=EagleModule\\(\\.\\.\\.\\) and a tree in its spec"):
-        make_drafter({"kind": "eagle"})
-    with pytest.raises(ValueError, match="needs a tree in its spec"):
-        make_drafter({"kind": "eagle"}, eagle=eagle)
-    drafter = make_drafter({"kind": "eagle", "tree": TreeBuffers.build(TREES["chain4"])}, eagle=eagle)
+    drafter = EagleDrafter(eagle, TreeBuffers.build(TREES["chain4"]))
     assert isinstance(drafter, EagleDrafter) and drafter.buf.spec == TREES["chain4"]
     sampled = SamplingConfig(temperature=0.7, top_k=5, acceptance="sampling", draft="sample")   # sampled drafts: q
     drafter.start(DraftContext(torch.arange(4), torch.randn(4, model.config.hidden_size), sampled,

@@ -18,18 +18,21 @@ from safetensors.torch import load_file
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, time_step
-from models.engine.drafters import heads_drafter, make_drafter
+from models.engine.drafting import heads_drafter, make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-from models.engine.taps import LayerTaps, eagle3_taps, final_and_taps
+from models.engine.taps import LayerTaps, final_and_taps
+from models.methods.eagle.eagle3 import eagle3_taps
 from models.engine.trees import tree_from_config
-from models.shared import HeadsConfig, build_heads, get_family, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.shared.draft_vocab import most_frequent
 from models.methods.eagle.eagle3 import Eagle3Layer, Eagle3Module
 from models.shared.fitting import fit_resumable
 from models.shared.head_data import HeadsDataset, conversation_loader
 from models.shared.hidden_cache import HiddenCache, cache_key
-from models.shared.training import MODULES, Recipe, head_positions
+from models.shared.training import head_positions
 from models.measure.calibration import sequence_ranks
+from models.methods import method, new_recipe, recipe_kind
 from tests.test_decoding import TREES, cyclic_prompt
 from tests.lossless_rule import assert_greedy_lossless
 from tests.test_eagle_heads import greedy_through, ranks_checked
@@ -86,9 +89,9 @@ def test_eagle3_taps_are_low_middle_and_high_layers_clamped_on_small_bases():
     deep, _ = deep_model()
     for m in (model, deep):
         L = m.config.num_hidden_layers
-        assert get_family("eagle3").taps(m.config) == eagle3_taps(L) == Eagle3Module.from_base(m).taps
-        assert all(get_family(f).taps(m.config) == () for f in ("medusa", "hydra", "hydra_pp", "eagle", "draft_model"))
-    assert get_family("eagle3").taps(model.config) == (2, 1, 1)
+        assert method("eagle3").family.taps(m.config) == eagle3_taps(L) == Eagle3Module.from_base(m).taps
+        assert all(method(f).family.taps(m.config) == () for f in ("medusa", "hydra", "hydra_pp", "eagle", "draft_model"))
+    assert method("eagle3").family.taps(model.config) == (2, 1, 1)
 
 
 def test_layer_taps_are_transformers_hidden_states_in_the_order_given():
@@ -321,7 +324,7 @@ def test_every_decode_step_drafts_what_unroll_computes_over_the_same_taps(kind):
 
 def taps_loaders(tok, model, cache_dir, n_train=8, n_val=4):
     """test_training's pattern conversations with a hidden cache of [final | taps] rows, as the train stage builds."""
-    taps = get_family("eagle3").taps(model.config)
+    taps = method("eagle3").family.taps(model.config)
     out = []
     for name, n, seed, shuffle in (("train", n_train, 0, True), ("val", n_val, 1, False)):
         ids, labels = examples(tok, n, seed)
@@ -365,9 +368,9 @@ def test_the_eagle3_recipe_is_a_decayed_soft_cross_entropy_per_unrolled_depth(tm
         ref = per_depth(heads, batch, 4)
         soft_ce = [float(-(base.softmax(-1) * draft.log_softmax(-1)).sum(-1).mean()) for draft, base in ref]
     for unroll in (1, 3):
-        recipe = Recipe(kind="eagle3", feature_loss_weight=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0,
+        recipe = new_recipe(kind="eagle3", feature_loss_weight=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0,
                         feature_noise=0.0, unroll=unroll)
-        module = MODULES["eagle3"](heads, model, recipe)
+        module = recipe_kind("eagle3").module(heads, model, recipe)
         want = sum(0.8 ** k * soft_ce[k] for k in range(unroll))
         for training in (True, False):
             module.train(training)
@@ -397,9 +400,9 @@ def test_the_draft_vocab_mask_drops_labels_outside_the_draft_vocabulary_from_the
     ce = [-(base.softmax(-1) * draft.log_softmax(-1)).sum(-1) for draft, base in ref]           # per row
     inside = [heads.to_draft_index(head_positions(batch["labels"], k)[2]) >= 0 for k in range(3)]
     assert all(0 < int(m.sum()) < len(m) for m in inside)                       # both kinds of rows in every depth
-    recipe = Recipe(kind="eagle3", feature_loss_weight=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0,
+    recipe = new_recipe(kind="eagle3", feature_loss_weight=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0,
                     feature_noise=0.0, unroll=3, draft_vocab_mask=True)
-    module = MODULES["eagle3"](heads, model, recipe)
+    module = recipe_kind("eagle3").module(heads, model, recipe)
     for training, keep in ((True, inside), (False, [torch.ones_like(m) for m in inside])):
         module.train(training)
         with torch.no_grad():
@@ -416,9 +419,9 @@ def test_eagle3_heads_learn_every_unrolled_depth_and_reload_identically(tmp_path
     batch = next(iter(val))
     h = model.config.hidden_size
     heads = eagle3_heads(model, depths=3, vocab=model.config.vocab_size // 2).requires_grad_(True)
-    recipe = Recipe(kind="eagle3", lr=1e-2, warmup_ratio=0.0, feature_loss_weight=0.0, teacher_loss_weight=1.0,
+    recipe = new_recipe(kind="eagle3", lr=1e-2, warmup_ratio=0.0, feature_loss_weight=0.0, teacher_loss_weight=1.0,
                     lm_loss_weight=0.0, feature_noise=0.0, unroll=3)
-    module = MODULES["eagle3"](heads, model, recipe)
+    module = recipe_kind("eagle3").module(heads, model, recipe)
     before_kl = depth_kl(heads.eval(), batch, 3)
     before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]
     trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from models.engine.decoding import generate
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.engine.trees import chain_tree
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.shared.draft_vocab import most_frequent
-from models.shared.formats import export_heads, import_heads
+from models.methods import export_heads, import_heads
 from pipelines.export import run_export
 from tests.test_decoding import perturbed, prompt_ids
 from tests.test_formats import make_heads, tiny  # noqa: F401  (a fixture)

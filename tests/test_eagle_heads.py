@@ -12,13 +12,14 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import generate
-from models.engine.drafters import heads_drafter, make_drafter
+from models.engine.drafting import heads_drafter, make_drafter
 from models.engine.fast_inference import prepare_heads_for_decoding
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.shared.draft_vocab import most_frequent
 from models.shared.fitting import fit_resumable
-from models.shared.training import MODULES, Recipe
 from models.measure.calibration import sequence_ranks
+from models.methods import new_recipe, recipe_kind
 from tests.test_decoding import TREES, cyclic_prompt
 from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
 
@@ -39,9 +40,9 @@ def test_eagle_heads_learn_every_depth_and_reload_identically(tmp_path):
     train, val = loaders(tok, model, cache_dir=tmp_path / "cache")
     heads = eagle_heads(model, vocab=model.config.vocab_size // 2).requires_grad_(True)
     assert {k.split(".")[0] for k in heads.state_dict()} == {"eagle", "draft_ids"}     # base parts by reference
-    recipe = Recipe(kind="eagle", lr=1e-2, warmup_ratio=0.0, feature_loss_weight=1.0, teacher_loss_weight=0.1,
+    recipe = new_recipe(kind="eagle", lr=1e-2, warmup_ratio=0.0, feature_loss_weight=1.0, teacher_loss_weight=0.1,
                     lm_loss_weight=0.0, feature_noise=0.2, unroll=2)
-    module = MODULES["eagle"](heads, model, recipe)
+    module = recipe_kind("eagle").module(heads, model, recipe)
     batch = next(iter(val))
 
     def feature_errors():                    # per depth: SmoothL1 of the draft to the base's feature it predicts
@@ -175,8 +176,8 @@ def test_draft_model_heads_distil_and_decode_losslessly(tmp_path):
     config = HeadsConfig.for_base(model, "draft_model", num_heads=4, num_layers=1, share_lm_head=True)
     heads = build_heads(config, model).requires_grad_(True)
     assert {k.split(".")[0] for k in heads.state_dict()} == {"draft_model"}
-    recipe = Recipe(kind="draft_model", lr=1e-2, warmup_ratio=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0)
-    module = MODULES["draft_model"](heads, model, recipe)
+    recipe = new_recipe(kind="draft_model", lr=1e-2, warmup_ratio=0.0, teacher_loss_weight=1.0, lm_loss_weight=0.0)
+    module = recipe_kind("draft_model").module(heads, model, recipe)
     before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]["val/loss"]
     trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
                                trainer_kwargs=quiet_trainer_kwargs())

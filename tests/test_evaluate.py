@@ -16,7 +16,8 @@ from models.engine.decoding import generate
 from models.measure.benchmark import TurnRecord, first_difference, speedup, speedup_on_questions_of, summarize_method
 from models.measure.mtbench import chat_input_ids, load_questions, rotated, spread
 from models.measure.peers import prompt_lookup_generate
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from pipelines.common import CONF_DIR
 from tests.fields import without
 
@@ -588,25 +589,22 @@ def test_the_records_fingerprint_follows_settings_questions_trees_and_heads_file
     assert "another run's or settings' result" in caplog.text
 
 
-def test_a_new_drafter_is_evaluated_with_one_module_and_one_config_entry(stage_cfg):
-    """A toy drafter (one class, one registration: tests/test_drafters.py) and one entry in eval.drafters: the
+def test_a_new_drafter_is_evaluated_with_one_module_and_one_config_entry(stage_cfg, monkeypatch):
+    """A toy drafter (one class, one entry in DRAFTERS: tests/test_drafters.py) and one entry in eval.drafters: the
     evaluate stage runs it beside the baseline, times it like every method and checks it lossless."""
     from omegaconf import open_dict
 
-    from models.engine.drafters import DRAFTERS, register_drafter
+    from models.engine.drafting import DRAFTERS
     from pipelines.evaluate import run_evaluation
     from tests.test_drafters import RepeatDrafter
 
-    register_drafter("toy_repeat")(lambda spec, **_: RepeatDrafter(int(spec["k"])))
-    try:
-        with open_dict(stage_cfg):
-            stage_cfg.profile.eval.families = []
-            stage_cfg.profile.eval.repeats = 1
-            stage_cfg.eval.prompt_lookup.enabled = False
-            stage_cfg.eval.drafters = {"repeat3": {"kind": "toy_repeat", "k": 3}}
-        summary = run_evaluation(stage_cfg)
-    finally:
-        DRAFTERS.pop("toy_repeat")
+    monkeypatch.setitem(DRAFTERS, "toy_repeat", lambda spec, **_: RepeatDrafter(int(spec["k"])))
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.families = []
+        stage_cfg.profile.eval.repeats = 1
+        stage_cfg.eval.prompt_lookup.enabled = False
+        stage_cfg.eval.drafters = {"repeat3": {"kind": "toy_repeat", "k": 3}}
+    summary = run_evaluation(stage_cfg)
     m = summary["methods"]["repeat3"]
     assert m["kind"] == "drafter" and m["drafter"] == {"kind": "toy_repeat", "k": 3}
     assert summary["lossless"] and m["questions"] == len(QUESTIONS) and m["speedup"]["mean"] > 0

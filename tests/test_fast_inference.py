@@ -7,7 +7,7 @@ speculative loops, and step aside when gradients are on (training is untouched).
 import pytest
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate, verify_tree
 import copy
@@ -58,7 +58,8 @@ def test_greedy_tokens_unchanged_in_both_loops(tiny_model):
 def tiny_model_and_heads(family):
     """A tiny Llama and 3 heads of `family` on a 64-token draft vocabulary, nudged off the identity blocks a
     fresh head starts as."""
-    from models.shared import HeadsConfig, build_heads
+    from models.shared import HeadsConfig
+    from models.methods import build_heads
 
     model, tok = build_tiny_model("llama", seed=2)
     config = HeadsConfig.for_base(model, family, 3, 1, share_lm_head=True, draft_vocab_size=64)
@@ -120,7 +121,8 @@ def test_bf16_heads_leave_a_shared_base_lm_head_in_float32():
     """With the full vocabulary a head's output layer IS the base LM head; its float32 copy (from
     prepare_for_decoding) must stay, since the base's logits decide the output."""
     from models.engine.fast_inference import _PACKED, prepare_heads_for_decoding
-    from models.shared import HeadsConfig, build_heads
+    from models.shared import HeadsConfig
+    from models.methods import build_heads
 
     model, tok = build_tiny_model("llama", seed=2)
     heads = build_heads(HeadsConfig.for_base(model, "medusa", 2, 1, share_lm_head=True), model).eval()

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.trees import chain_tree
-from models.shared import HeadsConfig, build_heads
-from models.shared.formats import OUTSIDE_DRAFT_VOCAB, export_heads, import_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
+from models.shared.formats import OUTSIDE_DRAFT_VOCAB
+from models.methods import export_heads, import_heads
 from pipelines.export import run_export
 from tests.test_decoding import perturbed, prompt_ids
 
@@ -176,7 +178,7 @@ def test_the_export_command_writes_and_imports(tiny, compose_cfg):
     assert report["files"][0].endswith("results/export/medusa1-vllm/model.safetensors")
     back = run_export(compose_cfg("export.format=vllm", f"export.import_from={cfg.paths.results}/export/medusa1-vllm"))
     assert back["heads_dir"].endswith("results/heads/imported-vllm") and back["family"] == "medusa"
-    from models.shared import load_heads
+    from models.methods import load_heads
     _, loaded = load_heads(back["heads_dir"], model)
     assert_same_drafts(heads, loaded, model, tok)
     with pytest.raises(ValueError, match="export.format='onnx': accepted medusa, vllm, hydra"):
@@ -214,7 +216,7 @@ def test_a_bare_eagle_module_exports_as_eagle_llm_reads_it(tiny, tmp_path):
     layers.0 without input_layernorm, embed_tokens), a one-layer LlamaConfig of the base's sizes with the rotary
     base under rope_theta, and the same layer read back."""
     from models.methods.eagle.eagle import EagleModule
-    from models.methods.eagle.eagle_format import read_eagle, write_eagle_module
+    from models.methods.eagle.eagle_format import write_eagle_module
 
     model, _ = tiny
     eagle = EagleModule.from_base(model, seed=2)
@@ -239,6 +241,6 @@ def test_a_bare_eagle_module_exports_as_eagle_llm_reads_it(tiny, tmp_path):
         assert meta[key] == getattr(c, key), key
     theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
     assert meta["rope_theta"] == float(theta)
-    back = read_eagle(tmp_path / "ea", model).eagle
+    back = import_heads(tmp_path / "ea", model, "eagle").eagle
     for key, value in eagle.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key

@@ -10,11 +10,12 @@ from omegaconf import OmegaConf
 from models.engine import decoding
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate, prefill
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.engine.drafters.graphed import GraphedDraft, why_not_capturable
 from models.engine.drafters.proposer import draft_tree
 from models.engine.trees import TreeBuffers, tree_from_config
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from pipelines.common import CONF_DIR
 
 PROMPT = torch.randint(200, (40,), generator=torch.Generator().manual_seed(1)).tolist()

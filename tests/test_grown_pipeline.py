@@ -16,7 +16,8 @@ from omegaconf import open_dict
 
 from models.base import build_tiny_model
 from models.engine.trees import GrownTree, tree_from_config
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.measure.grown_calibration import GrownReplay, accepted_drafts, grown_settings
 from tests.test_calibration import _tiny_stage_config, _write_tiny_distilled
 from tests.test_evaluate import read, stage_cfg  # noqa: F401  (a fixture)
@@ -120,7 +121,7 @@ def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
     """The replay's acceptance is the decoder's: on the base's greedy continuation, the drafts the replay counts at
     the positions decoding visits are the decoder's own per step (some drafts accepted, some not)."""
     from models.engine.decoding import generate
-    from models.engine.drafters import heads_drafter
+    from models.engine.drafting import heads_drafter
     from models.measure.grown_calibration import replay_grown
 
     model, tok, heads, prompts, seqs = fitted_heads(family, lr)

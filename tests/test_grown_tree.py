@@ -23,9 +23,10 @@ from models.base import build_tiny_model
 from models.engine import acceptance
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
-from models.engine.drafters import DraftContext, GrownTreeDrafter, PromptLookupDrafter, heads_drafter
+from models.engine.drafting import DraftContext, GrownTreeDrafter, PromptLookupDrafter, heads_drafter
 from models.engine.trees import GrownTree, tree_from_config
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from tests.test_decoding import OracleHeads, cyclic_prompt, oracle_accept_lengths, prompt_ids, random_heads
 from tests.test_eagle3 import deep_model, eagle3_heads
 from tests.test_eagle_heads import eagle_heads

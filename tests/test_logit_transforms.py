@@ -6,12 +6,13 @@ model(input_ids).logits once per model; a model whose logits the engine cannot r
 import pytest
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import base_logits, project
 from models.engine.trees import dense_tree
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

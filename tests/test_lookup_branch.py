@@ -9,7 +9,7 @@ import torch
 
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.drafters import LookupBranchDrafter, PromptLookupDrafter, heads_drafter, make_drafter
+from models.engine.drafting import LookupBranchDrafter, PromptLookupDrafter, heads_drafter, make_drafter
 from models.engine.drafters.lookup_branch import merge_chain, with_branch
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
 from tests.test_decoding import FAMILIES, cyclic_prompt, random_heads

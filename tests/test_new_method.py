@@ -1,5 +1,5 @@
-"""Adding a method is one package and one config: tests/toy_method registers a family, a recipe and a proposer
-(a bigram table that drafts a chain), and its config goes through the train stage and the evaluate stage as any
+"""Adding a method is one package, one entry in models.methods.METHODS and one config: tests/toy_method declares a
+family, a training module and a proposer (a bigram table that drafts a chain) in one Method, and its config goes through the train stage and the evaluate stage as any
 method's does; every greedy answer equals the baseline's token for token."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from omegaconf import OmegaConf, open_dict
 import tests.toy_method as toy
 from models.base import build_tiny_model
 from models.engine.acceptance import SamplingConfig
-from models.engine.drafters import DraftContext, make_drafter
+from models.engine.drafting import DraftContext, make_drafter
 from models.engine.trees import tree_from_config
-from models.shared import load_heads
+from models.methods import load_heads
 from pipelines.common import CONF_DIR
 from tests.test_evaluate import QUESTIONS
 from tests.test_training import save_distilled
@@ -42,7 +42,7 @@ def toy_cfg(tmp_path, monkeypatch):
 
 
 def test_a_toy_method_trains_and_evaluates_through_the_stages(tmp_path, monkeypatch):
-    with toy.registered():
+    with toy.listed():
         through_the_stages(tmp_path, monkeypatch)
 
 

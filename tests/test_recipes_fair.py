@@ -9,9 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.methods.eagle.eagle import EagleModule
-from models.shared.recipes import Recipe
+from models.methods import new_recipe, recipe_kind
 
 FRESH_LR = 1e-3          # the lr rule: fresh drafter weights train at this at least
 
@@ -85,7 +86,7 @@ def test_medusa2_is_the_authors_two_stage_recipe(compose_cfg):
         r = make_recipe(cfg)
         assert (r.medusa_lambda, r.lambda_schedule, r.lm_loss) == (0.2, "constant", "ce")
         assert r.lr == pytest.approx(5e-4) and r.lr * r.head_lr_multiplier == pytest.approx(2e-3)
-        plans = plan_stages(r, effective_epochs(cfg), float(cfg.heads.recipe.stage1_fraction),
+        plans = plan_stages(recipe_kind(r.kind).module, r, effective_epochs(cfg), float(cfg.heads.recipe.stage1_fraction),
                             lora=OmegaConf.to_container(cfg.heads.recipe.lora))
         assert [p.epochs for p in plans] == epochs and plans[0].recipe.lr == pytest.approx(2e-3), profile
 
@@ -122,10 +123,10 @@ def test_a_shared_blocks_that_is_not_true_or_false_is_refused(tiny_model):
 def test_eagle_noise_is_as_wide_as_the_authors_make_it_at_each_length():
     """EAGLE's trainer: U(-0.5, 0.5) x 0.2 x 512 / T for a conversation of T tokens: width 0.4 at 256 tokens,
     0.2 at 512; a fixed width without noise_reference_length."""
-    r = Recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512)
+    r = new_recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512)
     assert r.noise_width(256) == pytest.approx(0.4) and r.noise_width(512) == pytest.approx(0.2)
     torch.testing.assert_close(r.noise_width(torch.tensor([256, 384])), torch.tensor([0.4, 0.2 * 512 / 384]))
-    assert Recipe(kind="eagle", feature_noise=0.2).noise_width(256) == 0.2
+    assert new_recipe(kind="eagle", feature_noise=0.2).noise_width(256) == 0.2
 
 
 def test_unroll_adds_each_row_its_own_noise_width(tiny_model):
@@ -135,7 +136,7 @@ def test_unroll_adds_each_row_its_own_noise_width(tiny_model):
     seen = []
     eagle.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
     T, h = 40, model.config.hidden_size
-    widths = Recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512).noise_width(torch.tensor([256, 512]))
+    widths = new_recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512).noise_width(torch.tensor([256, 512]))
     torch.manual_seed(0)
     eagle.unroll(torch.zeros(2, T, h), torch.zeros(2, T, dtype=torch.long), depths=1, noise=widths)
     reach = seen[0].abs().amax(dim=(1, 2))                                       # [2]: each row's largest draw
@@ -150,7 +151,7 @@ def test_the_eagle_trainer_reads_each_rows_length(tiny_model, monkeypatch):
 
     model, _ = tiny_model
     heads = build_heads(HeadsConfig.for_base(model, "eagle", num_heads=2, share_lm_head=True), model)
-    recipe = Recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512, feature_loss_weight=1.0,
+    recipe = new_recipe(kind="eagle", feature_noise=0.2, noise_reference_length=512, feature_loss_weight=1.0,
                     teacher_loss_weight=0.1, lm_loss_weight=0.0)
     fit = AutoregressiveFitModule(heads, model, recipe)
     batch = collate([{"input_ids": torch.arange(2, 2 + n), "labels": torch.arange(2, 2 + n)} for n in (8, 16)])
@@ -174,9 +175,9 @@ def test_the_eagle_trainer_reads_each_rows_length(tiny_model, monkeypatch):
 ])
 def test_a_bad_noise_reference_length_is_refused_naming_it(value, message):
     with pytest.raises(ValueError, match=message):
-        Recipe(kind="eagle", feature_noise=0.2, noise_reference_length=value)
+        new_recipe(kind="eagle", feature_noise=0.2, noise_reference_length=value)
 
 
 def test_noise_reference_length_belongs_to_the_autoregressive_recipes():
     with pytest.raises(ValueError, match="takes no noise_reference_length"):
-        Recipe(kind="hydra", noise_reference_length=512)
+        new_recipe(kind="hydra", noise_reference_length=512)

@@ -13,12 +13,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, warp_probs
 from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.projection import BaseLogits, base_logits
+from models.methods import method
 from models.shared import HeadsConfig
 from models.engine.drafters.base import Draft
 from models.engine.trees import TreeBuffers, chain_tree, dense_tree
@@ -138,6 +139,8 @@ class NoisyModelHeads(torch.nn.Module):
         self.model, self.prompt, self.noise = model, torch.tensor(prompt), noise
         self.config = HeadsConfig(family="hydra", num_heads=4, num_layers=1, hidden_size=model.config.hidden_size,
                                   vocab_size=model.config.vocab_size, base_model="noisy-oracle")
+        self.method = method("hydra")
+        self.family = self.method.family
 
     def head_logits(self, k, hidden, path_tokens):
         seq = torch.cat([self.prompt.expand(path_tokens.shape[0], -1), path_tokens], 1)     # [P, T + k + 1]
@@ -303,7 +306,7 @@ def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
     from tests.proposals import propose, started
-    from models.shared import build_heads
+    from models.methods import build_heads, method
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)
     heads = build_heads(HeadsConfig.for_base(model, family, num_heads=2, share_lm_head=family == "medusa"), model)

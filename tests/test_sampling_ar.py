@@ -19,9 +19,10 @@ import torch
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
-from models.engine.drafters import TreeDrafter, heads_drafter
-from models.methods.eagle.drafting import EagleDrafter
-from models.shared import HeadsConfig, build_heads
+from models.engine.drafting import TreeDrafter, heads_drafter
+from models.methods.eagle.drafter import EagleDrafter
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.shared.draft_vocab import most_frequent
 from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, TREE, chi2_pvalue, first_tokens_distribution, make_setup
 
@@ -118,7 +119,7 @@ def eagle_heads(setup):
 
 
 def bare_eagle(setup):
-    """A bare EagleModule scored by the base LM head over the full vocabulary (make_drafter kind eagle)."""
+    """A bare EagleModule scored by the base LM head over the full vocabulary (EagleDrafter)."""
     from models.methods.eagle.eagle import EagleModule
 
     eagle = EagleModule.from_base(setup[0], seed=0)

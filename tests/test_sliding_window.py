@@ -5,7 +5,7 @@ Qwen2 model with sliding and full layers), and the baseline equals the model's o
 import pytest
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.engine.decoding import generate, verify_masks
 from models.engine.trees import TreeBuffers, chain_tree

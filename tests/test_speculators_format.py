@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from models.base import build_tiny_model
-from models.shared.formats import export_heads
-from models.measure.interop import DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, seeded_eagle3_heads
+from models.methods import export_heads
+from models.methods.eagle.interop import DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, seeded_eagle3_heads
 from pipelines.common import REPO_ROOT
 from pipelines.export import run_export
 from pipelines.interop import checks, passed

@@ -11,10 +11,11 @@ from models.engine import decoding
 from models.engine import static_step
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate, prefill, verify_masks
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.engine.static_step import StaticDecoder, attach_static
 from models.engine.trees import TreeBuffers, tree_from_config
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from pipelines.common import CONF_DIR
 
 PROMPT = torch.randint(200, (40,), generator=torch.Generator().manual_seed(0)).tolist()

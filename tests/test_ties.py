@@ -12,7 +12,7 @@ import torch
 from models.base import build_tiny_model
 from models.engine import acceptance
 from models.engine.decoding import generate
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.measure.benchmark import TurnRecord
 from models.measure.lossless import check_lossless, tie_summary
 from models.measure.ties import rounding_step, step_start_of, tie_tolerance

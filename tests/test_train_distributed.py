@@ -14,14 +14,15 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.shared.head_data import (HeadsDataset, LengthBatches, PositionWindows, WindowBatches, conversation_loader,
                                     window_loader)
 from models.shared.hidden_cache import HiddenCache
 from models.shared.fitting import fit_resumable
-from models.shared.training import MODULES, Recipe
+from models.methods import new_recipe, recipe_kind
 from tests.test_training import Interrupt, conversations, examples, save_distilled   # answers that repeat a short pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,7 +94,7 @@ def seeded_module(model):
     heads = build_heads(HeadsConfig.for_base(model, "hydra", num_heads=3, dropout=0.0), model)
     heads.requires_grad_(True)
     model.requires_grad_(False)
-    return MODULES["hydra"](heads, model, Recipe(kind="hydra", lr=1e-2, warmup_ratio=0.0))
+    return recipe_kind("hydra").module(heads, model, new_recipe(kind="hydra", lr=1e-2, warmup_ratio=0.0))
 
 
 @pytest.mark.parametrize("batches", ["conversations", "windows"])

@@ -14,15 +14,17 @@ from datasets import Dataset, DatasetDict
 from omegaconf import OmegaConf
 from torch import nn
 
-from models.engine.drafters import heads_drafter
+from models.engine.drafting import heads_drafter
 from models.base import build_tiny_model
 from models.data.conversations import tokenize_conversation
 from models.shared.draft_vocab import answer_token_counts, most_frequent
 from models.shared.head_data import HeadsDataset, collate, conversation_loader, target_positions, window_loader
-from models.shared import HeadsConfig, build_heads, load_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads, load_heads
 from models.shared.hidden_cache import HiddenCache, cache_key
 from models.shared.fitting import fit_resumable
-from models.shared.training import IGNORE_INDEX, MODULES, Recipe, head_positions, resolve_precision
+from models.shared.training import IGNORE_INDEX, Recipe, head_positions, resolve_precision
+from models.methods import new_recipe, recipe_kind
 from pipelines.prepare import FEATURES
 from tests.test_decoding import perturbed
 
@@ -87,12 +89,12 @@ def make_module(kind, model, lr=1e-2):
     heads.requires_grad_(True)
     model.requires_grad_(False)
     extra = {"teacher_loss_weight": 1.0, "lm_loss_weight": 0.0} if kind == "hydra_pp" else {}
-    recipe = Recipe(kind=kind, lr=lr, warmup_ratio=0.0, **extra)
+    recipe = new_recipe(kind=kind, lr=lr, warmup_ratio=0.0, **extra)
     if kind == "medusa2":
         from peft import LoraConfig, get_peft_model
         backbone = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
-        return MODULES[kind](heads, backbone, recipe), heads
-    return MODULES[kind](heads, model, recipe), heads
+        return recipe_kind(kind).module(heads, backbone, recipe), heads
+    return recipe_kind(kind).module(heads, model, recipe), heads
 
 
 def quiet_trainer_kwargs():
@@ -166,7 +168,7 @@ def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_m
     answer = batch["labels"][batch["labels"] != IGNORE_INDEX].unique()
     vocab = torch.cat([answer[::2], torch.tensor([0, 1])])          # half the answer tokens are outside
     heads = draft_heads(kind, model, vocab).eval()
-    module = MODULES[kind](heads, model, Recipe(kind=kind, **({"teacher_loss_weight": 1.0, "lm_loss_weight": 0.0}
+    module = recipe_kind(kind).module(heads, model, new_recipe(kind=kind, **({"teacher_loss_weight": 1.0, "lm_loss_weight": 0.0}
                                                                  if kind == "hydra_pp" else {})))
     loss, per_head, _ = module.compute(batch)
     with torch.no_grad():
@@ -197,7 +199,7 @@ def test_draft_vocabulary_loss_skips_outside_targets_and_metrics_count_them_as_m
     if kind != "hydra_pp":
         never = torch.tensor([i for i in range(model.config.vocab_size) if i not in answer.tolist()][:3])
         heads_out = draft_heads(kind, model, never)
-        loss, _, _ = MODULES[kind](heads_out, model, Recipe(kind=kind)).compute(batch)
+        loss, _, _ = recipe_kind(kind).module(heads_out, model, new_recipe(kind=kind)).compute(batch)
         assert loss.item() == 0.0
 
 
@@ -213,7 +215,7 @@ def test_window_batches_hold_the_same_targets_as_conversation_batches(tmp_path):
     cache = HiddenCache.build(model, ids, tmp_path / "cache", batch_tokens=200)
     data = HeadsDataset(ids, labels, cache)
     heads = draft_heads("hydra", model, torch.arange(model.config.vocab_size)).eval()
-    module = MODULES["hydra"](heads, model, Recipe(kind="hydra", head_decay=1.0))
+    module = recipe_kind("hydra").module(heads, model, new_recipe(kind="hydra", head_decay=1.0))
     totals = {}
     for name, loader in (("windows", window_loader(data, 3, batch_positions=16, pad_id=tok.pad_token_id, seed=1)),
                          ("conversations", conversation_loader(data, 30, tok.pad_token_id, shuffle=True, seed=1))):
@@ -272,14 +274,14 @@ def test_best_val_epoch_weights_are_kept_and_survive_a_resume(tmp_path):
     train, val = loaders(tok, model)
     _, heads = make_module("medusa1", model)
     snapshots = Snapshots()
-    _, best = fit_resumable(ScriptedVal(heads, model, Recipe(kind="medusa1", lr=1e-2)), train, val, tmp_path / "ckpt",
+    _, best = fit_resumable(ScriptedVal(heads, model, new_recipe(kind="medusa1", lr=1e-2)), train, val, tmp_path / "ckpt",
                             "fp", max_epochs=3, trainer_kwargs=quiet_trainer_kwargs(), callbacks=[snapshots])
     assert best.epoch == 2 and best.history == [0.2, 0.5, 0.3]
     now = heads.state_dict()
     assert all(torch.equal(now[k], v) for k, v in snapshots.weights[1].items())          # epoch 2's weights
     assert not all(torch.equal(now[k], v) for k, v in snapshots.weights[2].items())      # not the last epoch's
     _, heads2 = make_module("medusa1", model)                  # the finished run started again
-    _, best2 = fit_resumable(ScriptedVal(heads2, model, Recipe(kind="medusa1", lr=1e-2)), train, val,
+    _, best2 = fit_resumable(ScriptedVal(heads2, model, new_recipe(kind="medusa1", lr=1e-2)), train, val,
                              tmp_path / "ckpt", "fp", max_epochs=3, trainer_kwargs=quiet_trainer_kwargs())
     assert best2.epoch == 2 and all(torch.equal(heads2.state_dict()[k], v) for k, v in now.items())
 
@@ -601,21 +603,24 @@ def test_cpu_trainer_keeps_the_heads_it_names_in_float32(compose_cfg):
     assert precision("hydra") == resolve_precision("auto", "cpu")   # the hardware decides for the others
 
 
-# -- the family registry ---------------------------------------------------------------------------
+# -- the methods' list -----------------------------------------------------------------------------
 
 
-def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
-    """A family that reads h_t and the parent token only (not the whole path, as Hydra does): registered by one
-    class, described by one conf/heads YAML; it trains through the stage, saves, reloads and decodes losslessly."""
+def test_a_new_family_is_one_class_one_entry_and_one_config(stage_cfg, tmp_path, monkeypatch):
+    """A family that reads h_t and the parent token only (not the whole path, as Hydra does): one class, one entry in
+    models.methods.METHODS, described by one conf/heads YAML; it trains through the stage, saves, reloads and decodes
+    losslessly."""
     from omegaconf import open_dict
 
+    import models.methods
     from models.engine.decoding import generate
     from models.engine.trees import tree_from_config
-    from models.shared.families import FAMILIES, register_family
     from models.methods.hydra.family import Hydra, HydraInputBlock
+    from models.methods.hydra.proposer import HydraProposer
+    from models.methods.hydra.training import HydraModule
+    from models.shared.method import Method, RecipeKind
     from pipelines.train import run_train
 
-    @register_family
     class ParentToken(Hydra):
         name = "parent_token"
 
@@ -625,74 +630,78 @@ def test_a_new_family_is_one_class_and_one_config(stage_cfg, tmp_path):
         def head_input(self, k, hidden, path_tokens, embed):
             return torch.cat([hidden, embed(path_tokens[..., -1]).to(hidden.dtype)], dim=-1)
 
-    try:
-        (tmp_path / "parent_token.yaml").write_text(
-            "name: parent_token\nfamily: parent_token\nnum_heads: 3\nnum_layers: 1\ndropout: 0.0\n"
-            "share_lm_head: true\nrecipe: {kind: hydra, lr: 1.0e-3, head_decay: 1.0}\n")
-        cfg = stage_cfg("hydra")
-        with open_dict(cfg):
-            cfg.heads = OmegaConf.load(tmp_path / "parent_token.yaml")
-        metrics = run_train(cfg)
-        assert metrics["family"] == "parent_token" and set(metrics["val_top1"]) == {"head0", "head1", "head2"}
-        model, tok = build_tiny_model()
-        model, heads = load_heads(tmp_path / "results" / "heads" / "parent_token", model)
-        assert isinstance(heads.family, ParentToken) and heads.blocks[2][0].linear.in_features == 2 * 64
-        tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
-        ids = tok("<|im_start|>user\ncount: 1 2 3 4 5 6<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-        want = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
-        got = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])
-        assert got.new_tokens == want.new_tokens and got.steps <= want.steps
-        bad = OmegaConf.load(tmp_path / "parent_token.yaml")
-        bad.recipe.kind = "medusa2"
-        with open_dict(cfg):
-            cfg.heads = bad
-        with pytest.raises(ValueError, match="does not train the 'parent_token' family"):
-            run_train(cfg)
-    finally:
-        FAMILIES.pop("parent_token", None)
+    parent = Method(name="parent_token", family=ParentToken(), proposer=HydraProposer,
+                    recipes=(RecipeKind("hydra", HydraModule),))
+    monkeypatch.setattr(models.methods, "METHODS", (*models.methods.METHODS, parent))
+    (tmp_path / "parent_token.yaml").write_text(
+        "name: parent_token\nfamily: parent_token\nnum_heads: 3\nnum_layers: 1\ndropout: 0.0\n"
+        "share_lm_head: true\nrecipe: {kind: hydra, lr: 1.0e-3, head_decay: 1.0}\n")
+    cfg = stage_cfg("hydra")
+    with open_dict(cfg):
+        cfg.heads = OmegaConf.load(tmp_path / "parent_token.yaml")
+    metrics = run_train(cfg)
+    assert metrics["family"] == "parent_token" and set(metrics["val_top1"]) == {"head0", "head1", "head2"}
+    model, tok = build_tiny_model()
+    model, heads = load_heads(tmp_path / "results" / "heads" / "parent_token", model)
+    assert isinstance(heads.family, ParentToken) and heads.blocks[2][0].linear.in_features == 2 * 64
+    tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
+    ids = tok("<|im_start|>user\ncount: 1 2 3 4 5 6<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    want = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+    got = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])
+    assert got.new_tokens == want.new_tokens and got.steps <= want.steps
+    bad = OmegaConf.load(tmp_path / "parent_token.yaml")
+    bad.recipe.kind = "medusa2"
+    with open_dict(cfg):
+        cfg.heads = bad
+    with pytest.raises(ValueError, match="does not train the 'parent_token' family"):
+        run_train(cfg)
 
 
 def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
     model, _ = tiny_model
     with pytest.raises(ValueError, match=r"heads family 'medusa3' is not known; use one of \['draft_model', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa'"):
-        HeadsConfig.for_base(model, "medusa3", 2)
+        build_heads(HeadsConfig.for_base(model, "medusa3", 2), model)
     with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['draft_model', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa1', "
                        r"'medusa2'\]"):
-        Recipe(kind="hydra3")
+        new_recipe(kind="hydra3")
 
 
 def test_each_recipe_kind_has_its_own_fields_checked_when_made():
     """One dataclass per kind's needs: a field another kind has is refused, a bad value names the field, the value
     and what is accepted; a heads-only stage of Medusa-2 keeps the fields both kinds share."""
-    from models.shared.recipes import AutoregressiveRecipe
+    from models.methods import make_recipe
     from models.methods.medusa.training import Medusa2Recipe
+    from models.shared.autoregressive.training import AutoregressiveRecipe
+    from models.shared.recipes import recast
 
-    assert type(Recipe(kind="hydra")) is Recipe and type(Recipe(kind="medusa2")) is Medusa2Recipe
-    assert type(Recipe.from_dict({"kind": "eagle3", "unroll": 3})) is AutoregressiveRecipe
+    assert type(new_recipe(kind="hydra")) is Recipe and type(new_recipe(kind="medusa2")) is Medusa2Recipe
+    assert type(make_recipe({"kind": "eagle3", "unroll": 3})) is AutoregressiveRecipe
     with pytest.raises(ValueError, match=r"recipe 'medusa1' \(Recipe\) takes no unroll; it takes head_decay"):
-        Recipe(kind="medusa1", unroll=2)
+        new_recipe(kind="medusa1", unroll=2)
     with pytest.raises(ValueError, match=r"recipe 'eagle': unroll=0 is not accepted; unroll takes a whole number"):
-        Recipe(kind="eagle", unroll=0)
+        new_recipe(kind="eagle", unroll=0)
     with pytest.raises(ValueError, match=r"lambda_schedule='linear' is not accepted; lambda_schedule takes sine or"):
-        Recipe(kind="medusa2", lambda_schedule="linear")
+        new_recipe(kind="medusa2", lambda_schedule="linear")
     with pytest.raises(ValueError, match=r"warmup_ratio=1.5 is not accepted; warmup_ratio takes a number in \[0, 1\]"):
-        Recipe(kind="hydra", warmup_ratio=1.5)
-    joint = Recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0, weight_decay=0.1)
-    heads_only = joint.as_kind("medusa1", lr=4e-4)
+        new_recipe(kind="hydra", warmup_ratio=1.5)
+    joint = new_recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0, weight_decay=0.1)
+    heads_only = recast(joint, Recipe, "medusa1", lr=4e-4)
     assert type(heads_only) is Recipe and (heads_only.kind, heads_only.lr, heads_only.weight_decay) == ("medusa1", 4e-4, 0.1)
 
 
 def test_a_recipe_plans_its_own_stages():
+    from models.methods.hydra.training import HydraModule
+    from models.methods.medusa.training import Medusa2Module
     from models.shared.schedules import plan_stages
 
-    fit = plan_stages(Recipe(kind="hydra", lr=1e-3), epochs=4)
+    fit = plan_stages(HydraModule, new_recipe(kind="hydra", lr=1e-3), epochs=4)
     assert [(p.name, p.epochs, p.loader_kind, p.lora) for p in fit] == [("fit", 4, "hydra", None)]
     lora = {"r": 32, "alpha": 16, "dropout": 0.05}
-    joint = Recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0)
-    s1, s2 = plan_stages(joint, epochs=3, stage1_fraction=0.67, lora=lora, joint_limit=192, joint_val_every=20)
+    joint = new_recipe(kind="medusa2", lr=1e-4, head_lr_multiplier=4.0)
+    s1, s2 = plan_stages(Medusa2Module, joint, epochs=3, stage1_fraction=0.67, lora=lora, joint_limit=192, joint_val_every=20)
     assert (s1.name, s1.epochs, s1.recipe.kind, s1.loader_kind, s1.lora) == ("stage1", 2, "medusa1", "medusa1", None)
     assert s1.recipe.lr == pytest.approx(4e-4)                         # the heads' learning rate when alone
     assert (s2.name, s2.epochs, s2.recipe, s2.limit, s2.val_every, s2.lora) == ("stage2", 1, joint, 192, 20, lora)
-    assert [p.name for p in plan_stages(joint, epochs=2, lora=lora)] == ["stage2"]   # no heads-only stage asked
+    assert [p.name for p in plan_stages(Medusa2Module, joint, epochs=2, lora=lora)] == ["stage2"]   # no heads-only
     with pytest.raises(ValueError, match="trains the backbone through LoRA"):
-        plan_stages(joint, epochs=2)
+        plan_stages(Medusa2Module, joint, epochs=2)

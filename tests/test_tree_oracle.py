@@ -97,7 +97,7 @@ def test_the_bench_replays_stored_records_as_the_decoder_stepped(tmp_path):
     tiny EAGLE whose drafts are partly right: the replayed grown tree steps as the decoder did on every question,
     the oracle accepts at least as much, the ceiling at least as much as the oracle."""
     from models.engine.decoding import generate
-    from models.engine.drafters import heads_drafter
+    from models.engine.drafting import heads_drafter
     from models.engine.trees import GrownTree, tree_from_config
     from pipelines.bench.tree_oracle import load_records, replay_setting, summarise
     from tests.test_grown_pipeline import fitted_heads

@@ -1,7 +1,7 @@
 """Speculative decoding on an unmodified transformers causal LM: one decode step shared by every drafter.
 
     from models.engine.decoding import generate, SamplingConfig
-    from models.engine.drafters import make_drafter
+    from models.engine.drafting import make_drafter
     res = generate(model, tok, input_ids, drafter=make_drafter({"kind": "heads", "tree": spec}, heads=heads))
     res = generate(model, tok, input_ids, drafter=make_drafter({"kind": "prompt_lookup"}))
     res = generate(model, tok, input_ids)                      # no drafter: the autoregressive baseline

@@ -11,7 +11,8 @@ transformers' DynamicLayer concatenates on every update, copying the whole cache
 and step (about 15% of a 1-token step of SmolLM2 at 600 cached tokens on a CPU). GrowingLayer
 keeps keys/values [B, kv_heads, capacity, head_dim] with spare room, writes new rows in place and
 hands the attention a view of the filled part; capacity doubles when full. It is still a cache
-the model's normal forward drives through its public update() API.
+the model's normal forward drives through its public update() API. StaticLayer and StaticCache are its fixed-capacity
+form, which the static step (models/engine/static_step.py) and a drafter's static cache replay at fixed addresses.
 """
 from __future__ import annotations
 
@@ -110,3 +111,63 @@ def keep_accepted(cache: DynamicCache, past: int, path: list[int], num_tree_toke
             t = getattr(layer, name)
             t[:, :, past:past + m] = t[:, :, past + src]
             setattr(layer, name, t[:, :, :past + m])
+
+
+class StaticLayer(GrowingLayer):
+    """A GrowingLayer of fixed capacity: new rows go to the slots in `positions` (a device tensor the step fills),
+    and attention gets every slot (the mask hides the unfilled ones), so no shape or address ever changes."""
+
+    def __init__(self, capacity: int, positions: torch.Tensor):
+        super().__init__()
+        self.capacity, self.positions = capacity, positions
+
+    def _reserve(self, need: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
+        if need > self.capacity:
+            raise ValueError(f"the static cache holds {self.capacity} positions; {need} asked for")
+        if self._k is None:
+            B, H, _, D = like_k.shape
+            self._k = like_k.new_zeros(B, H, self.capacity, D)
+            self._v = like_v.new_zeros(B, H, self.capacity, like_v.shape[-1])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._reserve(self.length + key_states.shape[-2], key_states, value_states)
+        pos = self.positions[:key_states.shape[-2]]
+        self._k.index_copy_(2, pos, key_states)
+        self._v.index_copy_(2, pos, value_states)
+        return self._k, self._v                       # the length is set by the step (StaticDecoder), not here
+
+    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Start from these filled rows [B, kv_heads, n, head_dim] (another cache's), in the same storage as
+        before when this layer was used already (captured graphs read those addresses)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self._reserve(keys.shape[-2], keys, values)
+        self._k[:, :, :keys.shape[-2]], self._v[:, :, :keys.shape[-2]] = keys, values
+        self.set_length(keys.shape[-2])
+
+    def set_length(self, n: int) -> None:
+        self._set_length(n)
+
+    def storage(self) -> tuple[torch.Tensor, ...]:
+        """The key and value tensors of full capacity (a replayed graph reads them), or () before the first write."""
+        k = getattr(self, "_k", None)                # set by the first write (GrowingLayer.lazy_initialization)
+        return () if k is None else (k, self._v)
+
+
+class StaticCache(Cache):
+    """One StaticLayer per decoder layer, all writing at the same `positions`."""
+
+    def __init__(self, num_layers: int, capacity: int, positions: torch.Tensor):
+        super().__init__(layers=[StaticLayer(capacity, positions) for _ in range(num_layers)])
+        self.capacity = capacity
+
+    def load(self, cache: Cache) -> None:
+        """Copy the filled rows of another cache (the prefill's) into this one."""
+        for mine, theirs in zip(self.layers, cache.layers):
+            mine.load(theirs.keys, theirs.values)
+
+    def set_length(self, n: int) -> None:
+        for layer in self.layers:
+            layer.set_length(n)

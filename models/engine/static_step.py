@@ -26,73 +26,12 @@ import weakref
 from types import SimpleNamespace
 
 import torch
-from transformers.cache_utils import Cache
 
-from models.engine.kv_cache import GrowingLayer
+from models.engine.kv_cache import StaticCache
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)     # verify sizes a step is rounded up to (one graph each)
 CAPACITY_STEP = 1024                         # cache positions are allocated in these steps (a 7B Llama: 512 MB)
 _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # decoder module -> its StaticDecoder
-
-
-class StaticLayer(GrowingLayer):
-    """A GrowingLayer of fixed capacity: new rows go to the slots in `positions` (a device tensor the step fills),
-    and attention gets every slot (the mask hides the unfilled ones), so no shape or address ever changes."""
-
-    def __init__(self, capacity: int, positions: torch.Tensor):
-        super().__init__()
-        self.capacity, self.positions = capacity, positions
-
-    def _reserve(self, need: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
-        if need > self.capacity:
-            raise ValueError(f"the static cache holds {self.capacity} positions; {need} asked for")
-        if self._k is None:
-            B, H, _, D = like_k.shape
-            self._k = like_k.new_zeros(B, H, self.capacity, D)
-            self._v = like_v.new_zeros(B, H, self.capacity, like_v.shape[-1])
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self._reserve(self.length + key_states.shape[-2], key_states, value_states)
-        pos = self.positions[:key_states.shape[-2]]
-        self._k.index_copy_(2, pos, key_states)
-        self._v.index_copy_(2, pos, value_states)
-        return self._k, self._v                       # the length is set by the step (StaticDecoder), not here
-
-    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Start from these filled rows [B, kv_heads, n, head_dim] (another cache's), in the same storage as
-        before when this layer was used already (captured graphs read those addresses)."""
-        if not self.is_initialized:
-            self.lazy_initialization(keys, values)
-        self._reserve(keys.shape[-2], keys, values)
-        self._k[:, :, :keys.shape[-2]], self._v[:, :, :keys.shape[-2]] = keys, values
-        self.set_length(keys.shape[-2])
-
-    def set_length(self, n: int) -> None:
-        self._set_length(n)
-
-    def storage(self) -> tuple[torch.Tensor, ...]:
-        """The key and value tensors of full capacity (a replayed graph reads them), or () before the first write."""
-        k = getattr(self, "_k", None)                # set by the first write (GrowingLayer.lazy_initialization)
-        return () if k is None else (k, self._v)
-
-
-class StaticCache(Cache):
-    """One StaticLayer per decoder layer, all writing at the same `positions`."""
-
-    def __init__(self, num_layers: int, capacity: int, positions: torch.Tensor):
-        super().__init__(layers=[StaticLayer(capacity, positions) for _ in range(num_layers)])
-        self.capacity = capacity
-
-    def load(self, cache: Cache) -> None:
-        """Copy the filled rows of another cache (the prefill's) into this one."""
-        for mine, theirs in zip(self.layers, cache.layers):
-            mine.load(theirs.keys, theirs.values)
-
-    def set_length(self, n: int) -> None:
-        for layer in self.layers:
-            layer.set_length(n)
 
 
 class StaticDecoder:

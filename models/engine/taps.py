@@ -1,6 +1,6 @@
 """Hidden states from inside the base model, taken during a forward the decoder runs anyway (EAGLE-3's features).
 
-    taps = eagle3_taps(model.config.num_hidden_layers)          # (2, L // 2, L - 3): transformers' hidden_states indices
+    taps = heads.family.taps(model.config)                       # EAGLE-3: (2, L // 2, L - 3), hidden_states indices
     with LayerTaps(model.get_decoder(), taps) as tapped:
         out = model.get_decoder()(input_ids=ids, ...)             # any forward: prefill, verify, a training batch
     features = tapped.features()                                  # [B, T, len(taps) * h], taps in the order given
@@ -14,15 +14,6 @@ taps the context does nothing.
 from __future__ import annotations
 
 import torch
-
-
-def eagle3_taps(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's three taps for a base of `num_layers` decoder layers: low, middle and high (2, L // 2, L - 3), as the
-    authors' code and vLLM's and SGLang's loaders take them; a base of fewer than 5 layers (tests' tiny models)
-    gets them clamped to its layer outputs 1..L."""
-    if num_layers < 1:
-        raise ValueError(f"a base of {num_layers} decoder layers has no hidden states to tap")
-    return tuple(min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3))
 
 
 class LayerTaps:

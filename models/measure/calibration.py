@@ -62,7 +62,6 @@ import numpy as np
 import torch
 
 from models.engine.taps import final_and_taps
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 
 Path = tuple[int, ...]
 
@@ -293,7 +292,7 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300, seed: 
     pruning + the drafter's state)."""
     from models.engine.acceptance import SamplingConfig
     from models.engine.decoding import prefill, time_step
-    from models.engine.drafters import tree_drafter
+    from models.engine.drafting import tree_drafter
 
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
     drafter = tree_drafter(heads, spec)                 # a fixed tree, or a GrownTree grown at every step

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.engine.drafters import Draft, DraftContext, cut_by_cost
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
+from models.engine.drafting import Draft, DraftContext, cut_by_cost
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import prefill, time_step
-from models.engine.drafters import DraftContext, FixedDrafter
+from models.engine.drafting import DraftContext, FixedDrafter
 from models.engine.static_step import attach_static
 from models.hardware import applied_host_settings
 

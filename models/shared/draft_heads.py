@@ -1,6 +1,7 @@
 """DraftHeads: a method's trained module (the K heads of one family, or an autoregressive method's draft module beside
 its LM head), its config, building, saving and loading (the package docstring, models/shared/__init__.py, shows the
-use). build_heads and load_heads make the family's heads_class (a subclass a method defines in its own package)."""
+use). build_heads and load_heads make the heads class of a given method's family (a subclass a method may define in
+its own package); models.methods.build_heads and load_heads find the method a config names."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from torch import nn
 
 from models.base import model_name
 from models.shared.draft_vocab import check_draft_ids, index_in_draft
-from models.shared.families import get_family, share_res_blocks
+from models.shared.families import share_res_blocks
 
 CONFIG_FILE, WEIGHTS_FILE, ADAPTER_DIR = "heads_config.json", "heads.safetensors", "adapter"
 
@@ -33,7 +34,6 @@ class HeadsConfig:
     shared_blocks: bool = False   # True: a head's ResBlocks are one module applied in turn, as the authors build them
 
     def __post_init__(self):
-        get_family(self.family)          # an unknown family fails here, naming the known ones
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"num_heads and num_layers must be >= 1, got {self.num_heads} and {self.num_layers}")
         if not isinstance(self.shared_blocks, bool):
@@ -63,15 +63,19 @@ class DraftHeads(nn.Module):
 
     A method whose module holds more than the heads subclasses it (its family's `heads_class`): it declares its own
     submodules in __init__ and builds them from the base in build_parts (Hydra++: its prefix layer,
-    models/methods/hydra/prefix.py; EAGLE: its layer, models/methods/eagle/family.py).
+    models/methods/hydra/prefix.py; EAGLE: its layer, models/shared/autoregressive/heads.py). `method` is the Method
+    (models/shared/method.py) whose family the config names: the heads carry it, so that whoever is handed them
+    (the engine: heads.method.proposer) needs no lookup.
     """
     draft_module = None       # an autoregressive method's module, run over its own outputs (models/shared/autoregressive/draft.py)
 
-    def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None):
+    def __init__(self, config: HeadsConfig, base_model=None, draft_ids: torch.Tensor | None = None, *, method):
         super().__init__()
-        self.config = config
+        if method.name != config.family:
+            raise ValueError(f"heads of family {config.family!r} built with the method {method.name!r}")
+        self.config, self.method = config, method
         h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
-        self.family = get_family(config.family)
+        self.family = method.family
         self.blocks = self.family.build_blocks(h, K, L)
         if config.shared_blocks:
             share_res_blocks(self.blocks)
@@ -233,13 +237,9 @@ class DraftHeads(nn.Module):
         return folder
 
 
-def heads_class(config: HeadsConfig) -> type[DraftHeads]:
-    """The module class of config.family: DraftHeads, or the subclass its family names."""
-    return get_family(config.family).heads_class or DraftHeads
-
-
-def build_heads(config: HeadsConfig, base_model, draft_ids: torch.Tensor | None = None) -> DraftHeads:
-    return heads_class(config)(config, base_model, draft_ids)
+def build_heads(config: HeadsConfig, method, base_model, draft_ids: torch.Tensor | None = None) -> DraftHeads:
+    """The heads of `method` (a Method, models/shared/method.py: its family's heads class) for config."""
+    return (method.family.heads_class or DraftHeads)(config, base_model, draft_ids, method=method)
 
 
 def check_compatible(config: HeadsConfig, base_model, source: str = "heads") -> None:
@@ -253,13 +253,15 @@ def check_compatible(config: HeadsConfig, base_model, source: str = "heads") -> 
                              "train heads for this base model or load the matching one")
 
 
-def load_heads(folder: str | Path, base_model):
-    """(base model, heads) from a heads folder; applies and merges a Medusa-2 LoRA adapter when present."""
+def load_heads(folder: str | Path, base_model, method_named):
+    """(base model, heads) from a heads folder; applies and merges a Medusa-2 LoRA adapter when present.
+    method_named(name) -> the Method of the family the folder's config names (models.methods.method)."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not a heads folder (no {CONFIG_FILE}); train it with "
                                 "`python -m pipelines.train heads=...`")
     config = HeadsConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    method = method_named(config.family)
     check_compatible(config, base_model, source=str(folder))
     state = load_file(str(folder / WEIGHTS_FILE))
     draft_ids = state.get("draft_ids")
@@ -272,7 +274,8 @@ def load_heads(folder: str | Path, base_model):
         from peft import PeftModel
 
         base_model = PeftModel.from_pretrained(base_model, str(folder / ADAPTER_DIR)).merge_and_unload().eval()
-    heads = heads_class(config)(config, draft_ids=draft_ids if config.draft_vocab_size is not None else None)
+    heads = (method.family.heads_class or DraftHeads)(
+        config, draft_ids=draft_ids if config.draft_vocab_size is not None else None, method=method)
     heads.attach(base_model)  # builds a subclass's own modules (build_parts) so its weights have a place to load into
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:  # checked by hand to name the keys: a partial load must never pass silently

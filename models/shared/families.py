@@ -1,47 +1,23 @@
-"""Families: what makes one drafting method's module differ from another's, one HeadFamily subclass each, found
-by name (the `family` of conf/heads/<name>.yaml). The families themselves live in their methods' packages
-(models/methods/<method>/); this module holds the base class, the registry and the block every per-depth head has.
+"""Families: what makes one drafting method's module differ from another's, one HeadFamily subclass each, declared in
+its method's package (models/methods/<method>/) and reached through its Method (models/shared/method.py; by name:
+models.methods.method). This module holds the base class and the block every per-depth head has.
 
-    family = get_family("hydra")                   # imports models.methods on a name not registered yet
+    family = models.methods.method("hydra").family  # or heads.family
     blocks = family.build_blocks(h, K, L)          # DraftHeads (models/shared/draft_heads.py) holds them
     x = family.head_input(k, h_t, path, embed)     # what head k reads before its blocks
     family.heads_class                             # the module class (None: DraftHeads); Hydra++'s adds its prefix layer
-    family.recipes                                 # the training recipes it takes (models/shared/training.py RECIPES)
+    family.taps(base.config)                       # the base states its module reads beside the final one
 
-Adding a family is a HeadFamily subclass decorated with @register_family in the method's own package (imported by
-models/methods/__init__.py, or by whoever uses it) and one conf/heads/<name>.yaml that names it.
+Adding a family is a HeadFamily subclass in the method's own package, named by its Method in models/methods/__init__.py,
+and one conf/heads/<name>.yaml that names it.
 """
 from __future__ import annotations
 
-import importlib
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-FAMILIES: dict[str, "HeadFamily"] = {}
-# the package whose import registers the built-in methods: imported by name when a family is not registered yet, so
-# that this shared base depends on no method (the methods import it)
-BUILTIN_METHODS = "models.methods"
-
-
-def register_family(cls: type["HeadFamily"]) -> type["HeadFamily"]:
-    """Class decorator: makes `cls` reachable as get_family(cls.name)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a `name`")
-    FAMILIES[cls.name] = cls()
-    return cls
-
-
-def get_family(name: str) -> "HeadFamily":
-    if name not in FAMILIES:
-        importlib.import_module(BUILTIN_METHODS)
-    if name not in FAMILIES:
-        raise ValueError(f"heads family {name!r} is not known; use one of {sorted(FAMILIES)} "
-                         "(a new family registers itself with models.shared.families.register_family)")
-    return FAMILIES[name]
-
 
 class ResBlock(nn.Module):
     """x + SiLU(W x + b); W starts at zero so a fresh block is the identity."""
@@ -77,8 +53,8 @@ class HeadFamily:
     prefix_layer: ClassVar[bool] = False      # the heads read the hidden states through a layer with its own KV
     #                                           cache (DraftHeads.read_hidden; Hydra++'s prefix layer)
     autoregressive: ClassVar[bool] = False    # one draft module run depth after depth over its own outputs (EAGLE)
-    recipes: ClassVar[tuple[str, ...]] = ()   # models/shared/training.py RECIPES it can be trained with
-    # heads that read one position each train on random positions of the hidden cache (head_data.window_loader)
+    # recipe kinds (its Method's) whose heads read one position each: they train on random positions of the hidden
+    # cache (head_data.window_loader)
     window_recipes: ClassVar[tuple[str, ...]] = ()
     lm_head_bias: ClassVar[bool] = True       # own LM heads (share_lm_head false) have a bias
     lm_head_from_base: ClassVar[bool] = True  # own LM heads start as the base's (draft-vocabulary) rows
@@ -99,7 +75,3 @@ class HeadFamily:
         """What head k's first block reads: hidden [..., h] (and path_tokens [..., k+1] when reads_path)."""
         return hidden
 
-
-def family_of(heads) -> HeadFamily | None:
-    """The registered family of a heads object (anything with config.family); None when it names none."""
-    return FAMILIES.get(getattr(getattr(heads, "config", None), "family", None))

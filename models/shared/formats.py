@@ -3,9 +3,10 @@
     report = export_heads(heads, model, "out/medusa1-vllm", fmt="vllm")     # -> {"format", "files", "notes"}
     heads = import_heads("medusa-vicuna-7b", base_model, fmt="medusa")   # e.g. released official Medusa heads
 
-Each method registers its formats where its code is (register_format: models/methods/medusa/formats.py for medusa
-and vllm, models/methods/hydra/formats.py for hydra, models/methods/eagle/ for eagle, eagle3 and speculators); this
-module holds the registry, export_heads / import_heads and what the writers and readers share.
+Each method declares its formats where its code is (models/methods/medusa/formats.py for medusa and vllm,
+models/methods/hydra/formats.py for hydra, models/methods/eagle/ for eagle, eagle3 and speculators) and lists them in
+its Method; models.methods.export_heads / import_heads look them up there. This module holds the Format contract,
+export_heads / import_heads over a given set of formats and what the writers and readers share.
 
 - medusa: the authors' Medusa code. `medusa_lm_head.pt` ({h}.{l}.linear.weight/bias, {h}.{L}.weight: a full-
   vocabulary LM head without bias) and `config.json` (medusa_num_heads, medusa_num_layers, base_model_name_or_path).
@@ -29,7 +30,6 @@ listed in the report's notes. The authors' loaders read with strict=False, so a 
 """
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -39,8 +39,7 @@ from typing import Callable
 import torch
 
 from models.base import model_name
-from models.shared import DraftHeads, HeadsConfig, build_heads, check_compatible
-from models.shared.families import BUILTIN_METHODS
+from models.shared.draft_heads import DraftHeads, HeadsConfig, check_compatible
 
 OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never score: their softmax weight is 0
 
@@ -48,7 +47,8 @@ OUTSIDE_DRAFT_VOCAB = -1e9    # bias of full-vocabulary rows the heads never sco
 @dataclass(frozen=True)
 class Format:
     """A format other code loads: the families whose heads it holds, its writer (heads, base_model, folder) ->
-    (files, notes), its reader (folder, base_model) -> heads (None: written only), and why it holds no other family."""
+    (files, notes), its reader (folder, base_model, build) -> heads (None: written only; build(config, base_model,
+    draft_ids) makes the heads a config names: models.methods.build_heads), and why it holds no other family."""
     name: str
     families: tuple[str, ...]
     write: Callable
@@ -56,22 +56,7 @@ class Format:
     why_not: str | None = None
 
 
-FORMATS: dict[str, Format] = {}        # by name, in registration order (models/methods/__init__.py imports them)
-
-
-def register_format(fmt: Format) -> Format:
-    FORMATS[fmt.name] = fmt
-    return fmt
-
-
-def known_formats() -> dict[str, Format]:
-    """Every registered format (the built-in methods' registered on first use)."""
-    importlib.import_module(BUILTIN_METHODS)
-    return FORMATS
-
-
-def _check_exportable(heads: DraftHeads, fmt: str, has_adapter: bool) -> None:
-    formats = known_formats()
+def _check_exportable(heads: DraftHeads, fmt: str, formats: dict[str, Format], has_adapter: bool) -> None:
     if fmt not in formats:
         raise ValueError(f"format={fmt!r} is not known; accepted: {', '.join(formats)}")
     family, holds = heads.config.family, formats[fmt].families
@@ -108,15 +93,16 @@ def full_lm_head(heads: DraftHeads, base, k: int) -> tuple[torch.Tensor, torch.T
     return weight, bias
 
 
-def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, has_adapter: bool = False) -> dict:
-    """Write `heads` (attached to `base_model`) to `folder` in format `fmt`; -> {"format", "files", "notes"}
-    (notes: what differs there)."""
-    _check_exportable(heads, fmt, has_adapter)
+def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, formats: dict[str, Format],
+                 has_adapter: bool = False) -> dict:
+    """Write `heads` (attached to `base_model`) to `folder` in format `fmt`, one of `formats` (by name); ->
+    {"format", "files", "notes"} (notes: what differs there)."""
+    _check_exportable(heads, fmt, formats, has_adapter)
     folder = Path(folder)
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        files, notes = FORMATS[fmt].write(heads, base_model, folder)
+        files, notes = formats[fmt].write(heads, base_model, folder)
     except Exception:
         if created:                   # a refused or failed export leaves no folder of its own behind
             shutil.rmtree(folder, ignore_errors=True)
@@ -150,11 +136,12 @@ def read_files(folder: Path, weights_name: str) -> tuple[dict, dict[str, torch.T
     return json.loads(cfg_path.read_text()), dict(state), weights
 
 
-def load_state(config: HeadsConfig, base_model, ours: dict, rest: dict, weights: Path, draft_ids=None) -> DraftHeads:
-    """DraftHeads on base_model with exactly the tensors `ours` (its state-dict names); `rest`: the file's keys
-    nobody took (an error, as a missing or misshapen key is)."""
+def load_state(config: HeadsConfig, base_model, ours: dict, rest: dict, weights: Path, build,
+               draft_ids=None) -> DraftHeads:
+    """DraftHeads on base_model (made by build, Format's) with exactly the tensors `ours` (its state-dict names);
+    `rest`: the file's keys nobody took (an error, as a missing or misshapen key is)."""
     check_compatible(config, base_model, source=str(weights.parent))
-    heads = build_heads(config, base_model, draft_ids=draft_ids)
+    heads = build(config, base_model, draft_ids=draft_ids)
     expected = heads.state_dict()
     missing = [k for k, v in ours.items() if v is None] + [k for k in expected if k not in ours and k != "draft_ids"]
     if missing or rest:
@@ -173,8 +160,9 @@ def count_heads(state: dict, prefix: str = "") -> int:
     return len({k[len(prefix):].split(".")[0] for k in state if k.startswith(prefix)})
 
 
-def import_heads(folder: str | Path, base_model, fmt: str) -> DraftHeads:
-    readable = [name for name, f in known_formats().items() if f.read is not None]
+def import_heads(folder: str | Path, base_model, fmt: str, formats: dict[str, Format], build) -> DraftHeads:
+    """Heads read from `folder` in format `fmt`, one of `formats` (by name); build: see Format."""
+    readable = [name for name, f in formats.items() if f.read is not None]
     if fmt not in readable:
         raise ValueError(f"format={fmt!r} is not known; accepted: {', '.join(readable)}")
-    return FORMATS[fmt].read(folder, base_model)
+    return formats[fmt].read(folder, base_model, build)

@@ -1,17 +1,13 @@
-"""The draft heads' proposer (Medusa, Hydra, Hydra++ and their subclasses; registered with the engine by
-their methods' drafting.py, models/methods/medusa/ and hydra/; models/engine/drafters/proposer.py: the protocol,
-select_children and the tree walk).
+"""What the per-depth draft heads' proposers share (Medusa's: models/methods/medusa/proposer.py; Hydra's and Hydra++'s:
+models/methods/hydra/proposer.py; models/engine/drafters/proposer.py: the protocol, select_children and the tree
+walk): h_t, the state every head reads, kept through advances and rewinds, and each head's fast projection.
 
-    proposer = proposer_for(heads)                  # HeadsProposer for heads of a non-autoregressive family
+    proposer = heads.method.proposer(heads)          # a HeadsProposer subclass, from the heads' method
     proposer.start(ctx); logits = proposer.scores(frontier)                # [P or 1, Vd]
 
-- Medusa: head k sees h_t only, so every node of a depth gets the same children: all heads run once per
-  tree on h_t (one LM-head product when the heads share the base LM head) and scores returns one row.
-- Hydra: head d sees h_t and the tokens of the path root .. node, so depth d is scored from its frontier's
-  paths, all nodes of a depth in one batch.
-- Hydra++: like Hydra, with h_t taken from the prefix decoder layer run causally over the base hidden
-  states. Its own KV cache only ever receives accepted positions (`advance`), so it holds exactly the
-  accepted sequence and needs no rollback.
+With a prefix layer (the family's prefix_layer: Hydra++), h_t is taken from that decoder layer run causally over
+the base hidden states. Its own KV cache only ever receives accepted positions (`advance`), so it holds exactly the
+accepted sequence and needs no rollback.
 Heads with a draft vocabulary (DraftHeads.draft_ids, [Vd]) score those tokens only; a sampled node's q is
 mapped back to the full vocabulary by the engine (zeros outside the draft vocabulary).
 """
@@ -24,21 +20,20 @@ from models.engine.drafters.proposer import Frontier
 from models.engine.kv_cache import new_cache
 from models.engine.projection import project
 from models.shared.draft_heads import DraftHeads
-from models.shared.families import get_family
 
 
 class HeadsProposer:
-    """heads: a DraftHeads, or any object with its config, head_logits (and read_hidden when its family has a
-    prefix_layer: Hydra++). Its drafts read h_t from one buffer that advance and rewind overwrite in place, and
-    nothing else that changes between steps, so a fixed tree's draft can be replayed as a CUDA graph (capturable;
+    """heads: a DraftHeads, or any object with its config, family, head_logits (and read_hidden when its family has a
+    prefix_layer: Hydra++). A subclass scores a frontier (scores; begin and end around a tree when it needs them).
+    Its drafts read h_t from one buffer that advance and rewind overwrite in place, and nothing else that changes
+    between steps, so a fixed tree's draft can be replayed as a CUDA graph (capturable;
     models/engine/drafters/graphed.py)."""
     taps = ()
     capturable = True
 
     def __init__(self, heads):
         self.heads, config = heads, heads.config
-        family = get_family(config.family)
-        self.reads_path, self.prefixed = family.reads_path, family.prefix_layer
+        self.prefixed = heads.family.prefix_layer
         self.max_depth = config.num_heads               # head d drafts depth d + 1: no deeper tree
         # The Linear each head ends in ([h] -> [Vd]; the frozen base LM head or its draft-vocabulary rows when
         # shared), so that head k runs as head_hidden + project (fast for few rows); other head objects:
@@ -51,7 +46,6 @@ class HeadsProposer:
         self.prefix_cache = new_cache() if self.prefixed else None
         self.h = None                                   # [h] hidden state the heads read (position t)
         self.history = AdvanceHistory()                 # (positions seen, h then) of the last advances (rewind)
-        self._all = None                                # Medusa: [depth, Vd], every head on h_t, while drafting
         params = next(iter(heads.parameters()), None) if isinstance(heads, torch.nn.Module) else None
         self.dtype = None if params is None else params.dtype   # the heads' dtype (the base may run in bf16)
 
@@ -103,18 +97,10 @@ class HeadsProposer:
         return project(self.linears[k], self.heads.head_hidden(k, hidden, path))
 
     def begin(self, root: int, depth: int) -> None:
-        if not self.reads_path and depth > 0:          # Medusa: heads 0..depth-1 on h_t alone, once a tree
-            if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one product
-                x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
-                self._all = project(self.linears[0], x)
-            else:
-                self._all = torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
+        pass
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
-        if not self.reads_path:
-            return self._all[frontier.depth:frontier.depth + 1]                       # [1, Vd]
-        R = frontier.nodes.numel()
-        return self.head_logits(frontier.depth, self.h.expand(R, -1), frontier.paths)  # [R, Vd]
+        raise NotImplementedError
 
     def end(self) -> None:
-        self._all = None
+        pass

@@ -1,6 +1,6 @@
 """Training draft heads with Lightning: one module per family and their losses (docs/reference.md#training-recipes).
 
-    module = recipe_module("hydra")(heads, base_model, Recipe(kind="hydra", lr=1e-3))
+    module = models.methods.recipe_kind("hydra").module(heads, base_model, Recipe(kind="hydra", lr=1e-3))
     trainer, best = fit_resumable(module, ...)       # models/shared/fitting.py: resumable, best val epoch kept
 
 Targets: head k at position t predicts token t+k+2, and the position counts only when that token
@@ -14,15 +14,14 @@ losses leave out targets outside it (nothing to learn there); the Hydra++ teache
 distribution restricted to it and renormalised; val top-1/top-5 count every target, an
 out-of-vocabulary one as a miss, so accuracies compare with full-vocabulary heads.
 
-HeadsModule is the base every method's module subclasses, registered under its recipe kinds by the method
-(register_recipe):
+HeadsModule is the base every method's module subclasses, named by the method's recipe kinds (its Method's
+RecipeKind, models/methods/<method>/__init__.py):
   Medusa1Module   frozen backbone, loss sum_k decay^k CE_k (0.8^k)              models/methods/medusa/training.py
   Medusa2Module   LoRA backbone trained jointly: L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k      (the same)
   HydraModule     Medusa-1's loss, head k also sees the true tokens x_{t+1..t+k+1} (teacher forcing; heads equal:
                   1.0^k)                                                        models/methods/hydra/training.py
   HydraPPModule   Hydra + the prefix decoder layer; loss = soft CE against softmax(base logits)   (the same)
-  AutoregressiveFitModule  EAGLE's layer or a draft model (models/shared/autoregressive/training.py; registered by
-                  models/methods/eagle/training.py and models/methods/draft_model/family.py)
+  AutoregressiveFitModule  EAGLE's layer, EAGLE-3's or a draft model (models/shared/autoregressive/training.py)
 """
 from __future__ import annotations
 
@@ -32,9 +31,10 @@ import math
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+
 from models.engine.taps import final_and_taps
 from models.hardware import cpu_has_fast_bf16
-from models.shared.recipes import RECIPE_TYPES, Recipe, recipe_type
+from models.shared.recipes import Recipe
 
 IGNORE_INDEX = -100
 log = logging.getLogger(__name__)
@@ -118,24 +118,14 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
 # Modules
 
 
-RECIPES: dict[str, type["HeadsModule"]] = {}    # recipe kind -> LightningModule (conf/heads/<name>.yaml recipe.kind)
-
-
-def register_recipe(kind: str, recipe: type[Recipe] = Recipe):
-    """Class decorator: `kind` (a recipe's kind) trains with this module, its recipe of type `recipe`."""
-    def deco(cls):
-        RECIPES[kind] = cls
-        RECIPE_TYPES[kind] = recipe
-        return cls
-    return deco
-
-
 class HeadsModule(pl.LightningModule):
     """Frozen backbone, heads trained. What a head reads (path tokens, the Hydra++ prefix layer) comes from the
     heads' family and module (models/shared/families.py, DraftHeads.read_hidden); subclasses change the losses or
     what is trained."""
 
-    heads_only_kind: str | None = None   # a joint recipe's heads-only first stage trains as this kind
+    recipe_type: type[Recipe] = Recipe   # the dataclass of the recipe kinds this module trains
+    heads_only_kind: str | None = None   # a joint recipe's heads-only first stage trains as this kind, with
+    heads_only_module: type["HeadsModule"] | None = None    # this module
 
     joint_backbone = False      # True: the backbone is trained too (Medusa-2), its adapter is saved with the heads
 
@@ -153,6 +143,14 @@ class HeadsModule(pl.LightningModule):
     def on_fit_start(self):
         self.base.to(self.device)
         self.trainable().train()          # dropout on (Lightning keeps the modes it finds; copied layers come in eval)
+
+    def stage_callbacks(self) -> list:
+        """Lightning callbacks the stage this module trains adds (Medusa-2's joint stage: its curve)."""
+        return []
+
+    def after_fit(self, data: dict, device: str) -> dict:
+        """Figures measured once the fit is done, for the stage's metrics (Medusa-2: the backbone's drift)."""
+        return {}
 
     def trainable(self) -> torch.nn.Module:
         return self.heads
@@ -266,11 +264,3 @@ class HeadsModule(pl.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, r.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-
-def recipe_module(kind: str) -> type["HeadsModule"]:
-    """The LightningModule recipe `kind` trains with (the built-in methods' registered on first use)."""
-    recipe_type(kind)
-    return RECIPES[kind]
-
-
-MODULES = RECIPES     # the earlier name

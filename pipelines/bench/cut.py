@@ -18,12 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from models.engine.decoding import generate
-from models.engine.drafters import TreeDrafter
+from models.engine.drafting import TreeDrafter
 from models.shared import ADAPTER_DIR
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.measure.cut_replay import RecordingDrafter, replay_policies
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.shared.drafting import load_for_decoding
+from models.methods import load_for_decoding
 from pipelines.common import load_model, log, stage, stop_token_ids, write_json
 from pipelines.methods import resolve_tree, step_cost_for, tree_config
 

@@ -41,16 +41,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from models.base import DTYPES, build_tiny_model
 from models.engine.decoding import generate
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.engine.static_step import static_summaries
 from models.engine.trees import tree_from_config
 from models.hardware import apply_host_settings, is_cuda
-from models.shared import HeadsConfig, build_heads
+from models.shared import HeadsConfig
+from models.methods import build_heads
 from models.measure.draft_profile import device_sync, draft_profile
 from models.measure.latency import verify_latency_profile
 from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.host import apply_host
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.methods.medusa.joint_stage import JointCurve
 from models.shared.schedules import plan_stages
-from models.shared.training import recipe_module
+from models.methods import recipe_kind
 from pipelines import train_inputs as T
 from pipelines.recipes import checked_recipe, with_profile_heads
 from pipelines.common import load_model, log, stage, write_json
@@ -71,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     s = settings_of(cfg)
     cfg = with_profile_heads(cfg)
     recipe = checked_recipe(cfg)
-    joint = recipe_module(recipe.kind)
+    joint = recipe_kind(recipe.kind).module
     if not joint.joint_backbone:
         raise ValueError(f"heads={cfg.heads.name}: this benchmark measures a joint stage (a recipe that trains the "
                          "backbone with the heads); use heads=medusa2")
@@ -86,9 +86,9 @@ def main(cfg: DictConfig) -> None:
     hidden, _ = T.hidden_caches(cfg, model, data)
     loader = T.make_loader(cfg, data, hidden, tok.pad_token_id or 0)
     lora = OmegaConf.to_container(cfg.heads.recipe.lora, resolve=True)
-    plan = plan_stages(recipe, 2, 0.5, lora, s["limit"], s["every"])[-1]           # the joint stage's plan
+    plan = plan_stages(joint, recipe, 2, 0.5, lora, s["limit"], s["every"])[-1]           # the joint stage's plan
     if s["mode"] == "heads_only":
-        module = recipe_module(heads_only_kind)(heads, model, dataclasses.replace(
+        module = joint.heads_only_module(heads, model, dataclasses.replace(
             recipe, kind=heads_only_kind, lr=recipe.lr * recipe.head_lr_multiplier))
     else:
         module = plan.module(heads, model)

@@ -43,8 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from models.hardware import cpu_model, host_record
 from pipelines.common import conf_option, REPO_ROOT, load_model, log, stage, write_json
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
-from models.shared.drafting import load_for_decoding
+from models.methods import load_for_decoding
 
 DEFAULTS = {"methods": ["none", "hydra_pp/optimal_pld", "medusa1/sparse64"], "policies": ["default", "auto"],
             "competitors": [2, 1], "competitor_size": 512, "repeats": 2, "new_tokens": 64, "prompt_tokens": 520,
@@ -169,7 +168,7 @@ def stand_in_tree(tree_cfg: dict) -> dict:
 def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     """{"name", "model", "make_drafter", "random_heads", "tree_nodes"} per spec, models prepared for decoding."""
     from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
-    from models.engine.drafters import make_drafter
+    from models.engine.drafting import make_drafter
     from pipelines.methods import pld_settings, random_heads, resolve_tree, tree_config
 
     prepare_for_decoding(model)

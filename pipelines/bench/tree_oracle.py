@@ -28,11 +28,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.trees import GrownTree
-from models.shared.drafting import load_for_decoding
+from models.methods import load_for_decoding
 from models.measure.grown_calibration import accepted_drafts, replay_grown
 from models.measure.intervals import paired_comparison
 from models.measure.tree_oracle import candidate_drafts, oracle_drafts, steps_agree, walk_steps
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from pipelines.common import load_model, log, stage, write_json
 from pipelines.methods import resolve_tree, tree_config
 

@@ -24,11 +24,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.drafters import make_drafter
+from models.engine.drafting import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import tree_from_config
-import models.methods.drafting  # noqa: F401  (every method, and its proposer)
 from models.hardware import cpu_model
 from pipelines.methods import random_heads
 from pipelines.common import conf_option, load_model, log, stage, write_json
@@ -87,7 +86,7 @@ def op_profile(model, n: int, prefix_len: int, steps: int = 5) -> str:
 
     from models.engine.acceptance import SamplingConfig
     from models.engine.decoding import prefill, time_step
-    from models.engine.drafters import FixedDrafter
+    from models.engine.drafting import FixedDrafter
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g)

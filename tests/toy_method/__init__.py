@@ -1,28 +1,30 @@
 """A drafting method added as one package, the way a new method plugs in (as models/methods/<method>/ do): a family
-and its heads module (what it holds), a recipe (how it trains) and a proposer (how it drafts), each registered where
-the project looks them up.
+and its heads module (what it holds), a training module (how it trains) and a proposer (how it drafts), declared in one
+Method (TOY) that takes one entry in models.methods.METHODS.
 
 The toy: a bigram table over the draft vocabulary, `heads.lookup` [V, Vd] logits. Head k predicts token t+k+2
 from token t+k+1 alone, so drafting is a chain through the table: from a node's token, its children are the
 table's top ranks for that token, as deep as the tree asks. Training fits the table by cross-entropy on the
 data's bigrams (every depth reads the true token above it).
 
-    with toy_method.registered():        # family "toy_lookup", recipe "toy_lookup" and its proposer, while inside
-        ...                              # a method's own package would register them when imported
+    with toy_method.listed():            # TOY as one more entry of models.methods.METHODS, while inside
+        ...                              # a method of the project's own is one line in that tuple
 """
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.engine.drafters.proposer import PROPOSERS, Frontier, register_proposer
+import models.methods
+from models.engine.drafters.proposer import Frontier
 from models.shared.draft_heads import DraftHeads
-from models.shared.families import FAMILIES, HeadFamily, family_of, register_family
-from models.shared.recipes import RECIPE_TYPES
-from models.shared.training import RECIPES, HeadsModule, head_positions, register_recipe
+from models.shared.families import HeadFamily
+from models.shared.method import Method, RecipeKind
+from models.shared.training import HeadsModule, head_positions
 
 NAME = "toy_lookup"
 CONFIG = {"name": NAME, "family": NAME, "num_heads": 4, "num_layers": 1, "dropout": 0.0, "share_lm_head": True,
@@ -32,8 +34,8 @@ CONFIG = {"name": NAME, "family": NAME, "num_heads": 4, "num_layers": 1, "dropou
 class ToyLookupHeads(DraftHeads):
     """The method's own module: the table, declared here and built on the first attach."""
 
-    def __init__(self, config, base_model=None, draft_ids=None):
-        super().__init__(config, draft_ids=draft_ids)
+    def __init__(self, config, base_model=None, draft_ids=None, *, method):
+        super().__init__(config, draft_ids=draft_ids, method=method)
         self.lookup: nn.Embedding | None = None
         if base_model is not None:
             self.attach(base_model, init_from_base=True)
@@ -46,7 +48,6 @@ class ToyLookupHeads(DraftHeads):
 
 class ToyLookup(HeadFamily):
     name = NAME
-    recipes = (NAME,)
     heads_class = ToyLookupHeads
 
     def build_blocks(self, hidden, num_heads, num_layers):
@@ -97,18 +98,11 @@ class ToyLookupProposer:
         pass
 
 
-def toy_proposer(heads):
-    return ToyLookupProposer(heads) if isinstance(family_of(heads), ToyLookup) else None
+TOY = Method(name=NAME, family=ToyLookup(), proposer=ToyLookupProposer, recipes=(RecipeKind(NAME, ToyLookupModule),))
 
 
 @contextlib.contextmanager
-def registered():
-    """The toy's family, recipe and proposer registered where the project looks them up, removed on exit."""
-    register_family(ToyLookup)
-    register_recipe(NAME)(ToyLookupModule)
-    register_proposer(toy_proposer)
-    try:
+def listed():
+    """TOY as one more entry of models.methods.METHODS while inside (the project's own methods are listed there)."""
+    with mock.patch.object(models.methods, "METHODS", (*models.methods.METHODS, TOY)):
         yield
-    finally:
-        FAMILIES.pop(NAME, None), RECIPES.pop(NAME, None), RECIPE_TYPES.pop(NAME, None)
-        PROPOSERS.remove(toy_proposer)

@@ -1,4 +1,5 @@
-"""The drafter protocol, what a draft carries, and the registry `make_drafter` builds drafters from.
+"""The drafter protocol and what a draft carries (make_drafter, which builds drafters from a spec, and the kinds it
+knows: models/engine/drafting.py).
 
     drafter = make_drafter({"kind": "heads", "tree": spec}, heads=heads)       # models/engine/drafters/tree.py
     drafter = make_drafter({"kind": "prompt_lookup", "num_tokens": 8})        # .../prompt_lookup.py
@@ -14,8 +15,8 @@ The hidden states are the base's final ones [.., h], or, when the drafter has a 
 (EAGLE-3), the base states it names, side by side [.., len(taps) * h] (models/engine/taps.py), taken during the
 same forwards. Everything a caller may want from a step comes back in the Draft; nothing is set on a drafter from
 outside.
-A new drafter is one module: a class with those four methods and a builder registered with
-@register_drafter("kind"), imported in models/engine/drafters/__init__.py.
+A new drafter is one module: a class with those four methods and a builder(spec, **parts), listed in DRAFTERS in
+models/engine/drafting.py.
 """
 from __future__ import annotations
 
@@ -87,30 +88,3 @@ class AdvanceHistory:
             raise ValueError(f"{who} can rewind to the end of one of its last {self.size} advances, "
                              f"not to position {position}")
         return self.entries[-1][1]
-
-
-DRAFTERS: dict[str, Callable[..., StepDrafter]] = {}
-
-
-def register_drafter(kind: str):
-    """@register_drafter("kind") on a builder(spec: dict, **parts) -> StepDrafter."""
-    def add(builder):
-        if kind in DRAFTERS:
-            raise ValueError(f"a drafter kind {kind!r} is already registered")
-        DRAFTERS[kind] = builder
-        return builder
-    return add
-
-
-def make_drafter(spec, **parts) -> StepDrafter | None:
-    """A drafter from its spec (a mapping with "kind" and that kind's settings; "none" or None: no drafter) and
-    the parts it needs that a config cannot hold (heads=..., lookup=...)."""
-    if spec is None:
-        return None
-    spec = dict(spec)
-    kind = spec.pop("kind", None)
-    if kind == "none":
-        return None
-    if kind not in DRAFTERS:
-        raise ValueError(f"drafter kind {kind!r} is not known; registered: {', '.join(sorted(DRAFTERS))}")
-    return DRAFTERS[kind](spec, **parts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.base import Draft, DraftContext
 from models.engine.trees import TreeBuffers, chain_tree
 
 
@@ -30,6 +30,5 @@ class FixedDrafter:
         pass
 
 
-@register_drafter("fixed")
 def build(spec: dict, **_) -> FixedDrafter:
     return FixedDrafter(spec["drafts"])

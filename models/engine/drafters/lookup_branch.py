@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.base import Draft, DraftContext
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
 from models.engine.drafters.prompt_lookup import PromptLookupDrafter
 from models.engine.drafters.tree import tree_drafter
@@ -162,7 +162,6 @@ def merged_q(heads_q, heads_children: list[list[int]], src: list[int]):
     return q
 
 
-@register_drafter("heads_lookup")
 def build(spec: dict, heads=None, **_) -> LookupBranchDrafter:
     """spec: tree, lookup (PromptLookupDrafter's settings, a mapping), step_cost (optional); heads: DraftHeads."""
     if heads is None or spec.get("tree") is None:

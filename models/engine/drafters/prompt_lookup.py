@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.base import Draft, DraftContext
 from models.engine.trees import TreeBuffers, chain_tree
 
 
@@ -127,7 +127,6 @@ class PromptLookupDrafter:
         self.index.extend(kept)
 
 
-@register_drafter("prompt_lookup")
 def build(spec: dict, **_) -> PromptLookupDrafter:
     """spec: num_tokens, max_ngram, min_ngram, tokens_per_ngram (PromptLookupDrafter's defaults for those left out)."""
     return PromptLookupDrafter(**{k: spec[k] for k in ("num_tokens", "max_ngram", "min_ngram", "tokens_per_ngram")

@@ -1,7 +1,7 @@
 """The proposer protocol: what drafts a tree's tokens from a model (draft heads, EAGLE's layer, a draft model),
 the one place children are selected from its scores, and the walk that drafts a given tree depth by depth.
 
-    proposer = proposer_for(heads)            # from the factory the heads' method registered (register_proposer)
+    proposer = proposer_for(heads)            # the heads' method's proposer: heads.method.proposer(heads)
     proposer.start(ctx)                       # DraftContext after the prefill
     tokens, draft_q, node_probs = draft_tree(proposer, root, buf, sampling, generator, want_probs=True)
     proposer.advance(hidden, tokens, position)            # the accepted path, as StepDrafter.advance
@@ -11,13 +11,13 @@ returns the draft's logits over its vocabulary for each node's children ([R, Vd]
 the frontier gets the same ones, as Medusa's heads, which read no path). select_children turns those into
 children: the top-k, or k draws without replacement from the warped distribution q (lossless sampling with
 draft="sample"), with their log-probabilities. A fixed tree expands the nodes its topology names (draft_tree);
-a tree grown per step expands the best ones through the same calls. The engine never imports a method: methods
-register a proposer factory.
+a tree grown per step expands the best ones through the same calls. The engine never imports a method: the heads it
+is handed carry theirs (DraftHeads.method, models/shared/method.py), whose proposer factory it calls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -149,25 +149,10 @@ def proposer_device(proposer: Proposer) -> torch.device:
     return getattr(proposer, "device", None) or torch.device("cpu")
 
 
-PROPOSERS: list[Callable[..., "Proposer | None"]] = []
-
-
-def register_proposer(factory):
-    """Register factory(heads) -> a Proposer for the heads it knows, None for others (a method registers its own;
-    the engine only asks them in turn). Usable as a decorator."""
-    if factory in PROPOSERS:
-        raise ValueError(f"proposer factory {factory!r} is already registered")
-    PROPOSERS.append(factory)
-    return factory
-
-
 def proposer_for(heads) -> Proposer:
-    """The proposer of `heads` (a method's module), from the first registered factory that knows them."""
-    for factory in PROPOSERS:
-        proposer = factory(heads)
-        if proposer is not None:
-            return proposer
-    family = getattr(getattr(heads, "config", None), "family", type(heads).__name__)
-    raise ValueError(f"no registered proposer knows heads of family {family!r} ({len(PROPOSERS)} factories "
-                     "registered; import models.methods.drafting for the built-in methods, and a new method registers "
-                     "its own with models.engine.drafters.proposer.register_proposer)")
+    """The proposer of `heads` (a method's module): the factory of the Method the heads carry."""
+    method = getattr(heads, "method", None)
+    if method is None:
+        raise ValueError(f"{type(heads).__name__} carries no method, so nothing says how it drafts: build heads with "
+                         "models.methods.build_heads or load_heads, or hand the drafter a proposer")
+    return method.proposer(heads)

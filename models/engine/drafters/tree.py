@@ -1,5 +1,5 @@
 """A drafted tree, optionally cut per step by cost (tree=optimal, sparse64, chain4, dynamic): the proposals of the
-proposer the heads' method registered (proposer.py), walked depth by depth over the fixed tree; or a tree grown
+proposer of the heads' method (heads.method.proposer; proposer.py), walked depth by depth over the fixed tree; or a tree grown
 per step (tree=eagle2, dynamic_optimal: grown.py), built from the same spec kind.
 
     drafter = make_drafter({"kind": "heads", "tree": spec, "step_cost": costs}, heads=heads)
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext, register_drafter
+from models.engine.drafters.base import Draft, DraftContext
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
 from models.engine.drafters.graphed import GraphedDraft, prepare_static, why_not_capturable
 from models.engine.drafters.grown import GrownTreeDrafter
@@ -89,7 +89,6 @@ def tree_drafter(heads, tree: TreeSpec | TreeBuffers | GrownTree, step_cost: lis
     return GrownTreeDrafter(heads, tree)
 
 
-@register_drafter("heads")
 def build(spec: dict, heads=None, **_) -> TreeDrafter | GrownTreeDrafter:
     """spec: tree (TreeSpec, TreeBuffers or GrownTree), step_cost (optional), want_probs (optional); heads: DraftHeads."""
     if heads is None or spec.get("tree") is None:

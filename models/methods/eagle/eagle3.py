@@ -38,7 +38,6 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from models.engine.taps import eagle3_taps
 from models.shared.autoregressive.draft import AutoregressiveDraft
 
 
@@ -68,6 +67,16 @@ def layer_config(base_config) -> LlamaConfig:
         rope_parameters=rope_parameters(base_config), attention_bias=False, mlp_bias=False,
         attn_implementation="sdpa")               # takes the drafter's additive tree masks, on CPU and GPU
     return config
+
+
+
+def eagle3_taps(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's three taps for a base of `num_layers` decoder layers: low, middle and high (2, L // 2, L - 3), as the
+    authors' code and vLLM's and SGLang's loaders take them; a base of fewer than 5 layers (tests' tiny models)
+    gets them clamped to its layer outputs 1..L."""
+    if num_layers < 1:
+        raise ValueError(f"a base of {num_layers} decoder layers has no hidden states to tap")
+    return tuple(min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3))
 
 
 class Eagle3Layer(nn.Module):

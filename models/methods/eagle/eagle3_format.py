@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.shared import HeadsConfig, build_heads, check_compatible
+from models.shared import HeadsConfig, check_compatible
 from models.methods.eagle.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -212,9 +212,10 @@ def _draft_ids(state: dict, vocab_size: int, where: Path) -> torch.Tensor | None
     return None if size == vocab_size and torch.equal(ids, torch.arange(size)) else ids
 
 
-def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
-    """eagle3 DraftHeads (`num_heads` depths measured) on `base_model` from a folder in this format; every key,
-    shape and config field that does not fit is an error naming it."""
+def read_eagle3(folder: str | Path, base_model, build, num_heads: int = DEPTHS):
+    """eagle3 DraftHeads (`num_heads` depths measured) on `base_model` from a folder in this format (build: the
+    Format reader's, models.methods.build_heads); every key, shape and config field that does not fit is an error
+    naming it."""
     folder = Path(folder)
     require_files(folder, (CONFIG, WEIGHTS), "EAGLE-3")
     meta = json.loads((folder / CONFIG).read_text())
@@ -225,7 +226,7 @@ def read_eagle3(folder: str | Path, base_model, num_heads: int = DEPTHS):
     config = HeadsConfig.for_base(base_model, family="eagle3", num_heads=num_heads, num_layers=1,
                                   share_lm_head=False, draft_vocab_size=None if draft_ids is None else len(draft_ids))
     check_compatible(config, base_model, source=str(folder))
-    heads = build_heads(config, base_model, draft_ids)
+    heads = build(config, base_model, draft_ids)
     _check_meta(meta, base_model.config, heads.draft_module, folder / CONFIG)
     expected = {to_file_key(k): v for k, v in heads.state_dict().items() if k != "draft_ids"}
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from models.shared import HeadsConfig, build_heads, check_compatible
+from models.shared import HeadsConfig, check_compatible
 
 WEIGHTS, CONFIG = "pytorch_model.bin", "config.json"
 
@@ -71,7 +71,7 @@ def check_keys(state: dict, expected: dict, where: Path, what: str) -> None:
                          f"unexpected {unexpected[:4]}, misshapen {wrong[:4]}")
 
 
-def read_eagle(folder: str | Path, base_model):
+def read_eagle(folder: str | Path, base_model, build):
     folder = Path(folder)
     require_files(folder, (CONFIG, WEIGHTS), "EAGLE")
     meta = json.loads((folder / CONFIG).read_text())
@@ -80,7 +80,7 @@ def read_eagle(folder: str | Path, base_model):
         raise ValueError(f"{folder / CONFIG}: num_hidden_layers={meta['num_hidden_layers']}; EAGLE-1 has one layer")
     config = HeadsConfig.for_base(base_model, family="eagle", num_heads=5, num_layers=1, share_lm_head=True)
     check_compatible(config, base_model, source=str(folder))
-    heads = build_heads(config, base_model)
+    heads = build(config, base_model)
     check_embedding(state, base_model, folder / WEIGHTS)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     module = heads.eagle

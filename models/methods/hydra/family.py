@@ -1,6 +1,6 @@
 """Hydra's and Hydra++'s families: head k also reads the embeddings of the path above its node (its first block,
 HydraInputBlock, takes [h_t, E(x_{t+1}), ..., E(x_{t+k+1})]); Hydra++'s heads module adds the prefix layer
-(models/methods/hydra/prefix.py). Both draft with the per-depth heads' proposer (registered by drafting.py): depth d
+(models/methods/hydra/prefix.py). Both draft with the per-depth heads' proposer (models/shared/heads_proposer.py; its own: proposer.py): depth d
 from its parents' paths, all parents of a depth in one batch.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.shared.families import HeadFamily, ResBlock, register_family
+from models.shared.families import HeadFamily, ResBlock
 from models.methods.hydra.prefix import HydraPPHeads
 
 
@@ -33,12 +33,10 @@ class HydraInputBlock(nn.Module):
         return self.res_proj(x) + F.silu(self.linear(x))
 
 
-@register_family
 class Hydra(HeadFamily):
     """Head k also reads the embeddings of the path above its node."""
     name = "hydra"
     reads_path = True
-    recipes = ("hydra",)
     window_recipes = ("hydra",)
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
@@ -53,12 +51,10 @@ class Hydra(HeadFamily):
         return torch.cat([hidden.unsqueeze(-2), emb], dim=-2).flatten(-2)  # [..., h*(k+2)]
 
 
-@register_family
 class HydraPP(Hydra):
     """Hydra with a prefix decoder layer (and final RMSNorm) over the base hidden states: its own KV cache
     receives accepted positions only, so it holds exactly the accepted sequence."""
     name = "hydra_pp"
     heads_class = HydraPPHeads
     prefix_layer = True
-    recipes = ("hydra_pp",)
     window_recipes = ()

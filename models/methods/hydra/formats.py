@@ -1,5 +1,5 @@
 """Hydra and Hydra++ heads in the authors' Hydra format (hydra_lm_head.pt + config.json, arch mlp or prefix-mlp),
-registered with models/shared/formats.py as `hydra`; the layout is described there.
+listed by Hydra's and Hydra++'s Methods as `hydra` (models/shared/formats.py); the layout is described there.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from models.shared import DraftHeads, HeadsConfig
-from models.shared.formats import (OUTSIDE_DRAFT_VOCAB, Format, full_lm_head, load_state, read_files, register_format,
+from models.shared.formats import (OUTSIDE_DRAFT_VOCAB, Format, full_lm_head, load_state, read_files,
                                   write_files)
 
 
@@ -55,7 +55,7 @@ def write_hydra(heads: DraftHeads, base_model, folder: Path) -> tuple[list[str],
     return write_files(folder, "hydra_lm_head.pt", state, config), notes
 
 
-def import_hydra(folder: str | Path, base_model) -> DraftHeads:
+def import_hydra(folder: str | Path, base_model, build) -> DraftHeads:
     """Official Hydra heads (hydra_lm_head.pt + config.json), arch mlp (Hydra) or prefix-mlp (Hydra++), grounded;
     own full-vocabulary LM heads with their bias."""
     meta, state, weights = read_files(Path(folder), "hydra_lm_head.pt")
@@ -94,7 +94,7 @@ def import_hydra(folder: str | Path, base_model) -> DraftHeads:
                 state.pop(key)
         ours["prefix_norm.weight"] = state.pop("prefix_embeding_layer.norm.weight", None)
         state.pop("prefix_embeding_layer.embed_tokens.weight", None)   # built by the official code, never used
-    return load_state(config, base_model, ours, state, weights)
+    return load_state(config, base_model, ours, state, weights, build)
 
 
-register_format(Format("hydra", ("hydra", "hydra_pp"), write_hydra, import_hydra))
+HYDRA_FORMAT = Format("hydra", ("hydra", "hydra_pp"), write_hydra, import_hydra)

@@ -2,7 +2,7 @@
 of the base's architecture with its own final RMSNorm (a 1-layer decoder model, docs/reference.md#heads), run causally
 with its own KV cache (which the proposer feeds accepted positions only).
 
-    heads = build_heads(HeadsConfig.for_base(model, family="hydra_pp", num_heads=4, num_layers=4), model)
+    heads = models.methods.build_heads(HeadsConfig.for_base(model, family="hydra_pp", num_heads=4, num_layers=4), model)
     h = heads.read_hidden(hidden, position_ids, cache=cache)      # [B, T, h] -> [B, T, h], through the prefix layer
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ class HydraPPHeads(DraftHeads):
     RMS of the base's final hidden states), so a fresh Hydra++ drafts like a fresh Hydra (same direction, about the
     same scale)."""
 
-    def __init__(self, config, base_model=None, draft_ids=None):
-        super().__init__(config, draft_ids=draft_ids)
+    def __init__(self, config, base_model=None, draft_ids=None, *, method):
+        super().__init__(config, draft_ids=draft_ids, method=method)
         self.prefix_layer: nn.Module | None = None     # built by the first attach
         self.prefix_norm: nn.Module | None = None
         if base_model is not None:

@@ -1,6 +1,6 @@
-"""Medusa heads in the formats other code loads, registered with models/shared/formats.py: `medusa` (the authors'
-Medusa code: medusa_lm_head.pt + config.json) and `vllm` (vLLM's Medusa model: model.safetensors + config.json); the
-layouts are described there.
+"""Medusa heads in the formats other code loads, listed by Medusa's Method (models/shared/formats.py: the contract):
+`medusa` (the authors' Medusa code: medusa_lm_head.pt + config.json) and `vllm` (vLLM's Medusa model:
+model.safetensors + config.json); the layouts are described there.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from models.shared import DraftHeads, HeadsConfig
-from models.shared.formats import Format, count_heads, load_state, read_files, register_format, write_files
+from models.shared.formats import Format, count_heads, load_state, read_files, write_files
 
 
 def _medusa_state(heads: DraftHeads, base, notes: list[str]) -> dict[str, torch.Tensor]:
@@ -79,7 +79,7 @@ def write_vllm(heads: DraftHeads, base_model, folder: Path) -> tuple[list[str], 
     return write_files(folder, "model.safetensors", state, config), notes
 
 
-def import_medusa(folder: str | Path, base_model) -> DraftHeads:
+def import_medusa(folder: str | Path, base_model, build) -> DraftHeads:
     """Official Medusa heads (medusa_lm_head.pt + config.json): own full-vocabulary LM heads with zero bias.
     Released files have been seen to hold more heads than their config names: that is an error naming both."""
     meta, state, weights = read_files(Path(folder), "medusa_lm_head.pt")
@@ -95,10 +95,10 @@ def import_medusa(folder: str | Path, base_model) -> DraftHeads:
                 ours[f"blocks.{k}.{layer}.linear.{p}"] = state.pop(f"{k}.{layer}.linear.{p}", None)
         ours[f"lm_heads.{k}.weight"] = state.pop(f"{k}.{num_layers}.weight", None)
         ours[f"lm_heads.{k}.bias"] = torch.zeros(config.vocab_size)
-    return load_state(config, base_model, ours, state, weights)
+    return load_state(config, base_model, ours, state, weights, build)
 
 
-def import_vllm(folder: str | Path, base_model) -> DraftHeads:
+def import_vllm(folder: str | Path, base_model, build) -> DraftHeads:
     """vLLM Medusa heads (model.safetensors + config.json); a token_map becomes the draft vocabulary, and one LM
     head (original_lm_head) equal to the base's rows becomes the shared LM head."""
     meta, state, weights = read_files(Path(folder), "model.safetensors")
@@ -124,8 +124,8 @@ def import_vllm(folder: str | Path, base_model) -> DraftHeads:
         if weight is None or weight.shape != rows.shape or not torch.equal(weight.to(rows.dtype), rows):
             raise ValueError(f"{weights}: original_lm_head is set but lm_heads.0.weight is not this base model's "
                              "LM head" + ("" if token_map is None else " rows for token_map"))
-    return load_state(config, base_model, ours, state, weights, draft_ids=token_map)
+    return load_state(config, base_model, ours, state, weights, build, draft_ids=token_map)
 
 
-register_format(Format("medusa", ("medusa",), write_medusa, import_medusa))
-register_format(Format("vllm", ("medusa",), write_vllm, import_vllm))
+MEDUSA_FORMAT = Format("medusa", ("medusa",), write_medusa, import_medusa)
+VLLM_FORMAT = Format("vllm", ("medusa",), write_vllm, import_vllm)

@@ -1,8 +1,9 @@
-"""Medusa-1's and Medusa-2's training (docs/reference.md#training-recipes): recipe kinds "medusa1" (independent heads on
-h_t, frozen backbone) and "medusa2" (stage 2: LoRA adapters on the backbone trained jointly with the heads; its first,
-heads-only stage trains as medusa1: models/shared/schedules.py), and Medusa2Recipe, the joint stage's own fields.
+"""Medusa-1's and Medusa-2's training (docs/reference.md#training-recipes): the modules of recipe kinds "medusa1"
+(independent heads on h_t, frozen backbone) and "medusa2" (stage 2: LoRA adapters on the backbone trained jointly with
+the heads; its first, heads-only stage trains as medusa1: models/shared/schedules.py), and Medusa2Recipe, the joint
+stage's own fields.
 
-    module = recipe_module("medusa2")(heads, get_peft_model(model, lora), Recipe(kind="medusa2", medusa_lambda=0.2))
+    module = Medusa2Module(heads, get_peft_model(model, lora), Medusa2Recipe(kind="medusa2", medusa_lambda=0.2))
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from models.methods.medusa.joint_stage import JointCurve, backbone_drift
 from models.shared.recipes import Recipe, check_field
-from models.shared.training import IGNORE_INDEX, HeadsModule, kl_to_reference, register_recipe
+from models.shared.training import IGNORE_INDEX, HeadsModule, kl_to_reference
 
 
 @dataclass
@@ -34,13 +36,10 @@ class Medusa2Recipe(Recipe):
         check_field(k, "lm_loss", self.lm_loss, self.lm_loss in ("kl", "ce"), "kl (self-distilled data) or ce")
 
 
-
-@register_recipe("medusa1")
 class Medusa1Module(HeadsModule):
     """Medusa-1: independent heads on h_t, frozen backbone."""
 
 
-@register_recipe("medusa2", Medusa2Recipe)
 class Medusa2Module(HeadsModule):
     """Medusa-2 stage 2: LoRA backbone + heads. L = L_LM + lambda * s(t) * sum_k 0.8^(k+1) CE_k.
 
@@ -49,8 +48,9 @@ class Medusa2Module(HeadsModule):
     labels. The adapters-off hidden states come from the cache when the batch carries them.
     """
 
+    recipe_type = Medusa2Recipe
     joint_backbone = True
-    heads_only_kind = "medusa1"
+    heads_only_kind, heads_only_module = "medusa1", Medusa1Module
 
     def __init__(self, heads, backbone, recipe: Recipe, log_prefix: str = ""):
         super().__init__(heads, backbone, recipe, log_prefix)
@@ -59,6 +59,12 @@ class Medusa2Module(HeadsModule):
 
     def trainable(self) -> torch.nn.Module:
         return self           # the heads and the LoRA backbone (its adapters' dropout)
+
+    def stage_callbacks(self) -> list:
+        return [JointCurve()]
+
+    def after_fit(self, data: dict, device: str) -> dict:
+        return backbone_drift(self, data, device)
 
     def on_save_checkpoint(self, checkpoint):
         super().on_save_checkpoint(checkpoint)

@@ -1,11 +1,11 @@
 """The autoregressive drafters' proposer (EAGLE-1, EAGLE-3, a draft model): the draft module (models/methods/eagle/
 eagle.py, eagle3.py, models/methods/draft_model/draft_model.py) run over its own predicted features, one batched
-forward per depth of the frontier (registered with the engine by each method's drafting.py; the protocol:
+forward per depth of the frontier (each method's Method names it as its proposer; the protocol:
 models/engine/drafters/proposer.py):
 
     drafter = make_drafter({"kind": "heads", "tree": spec}, heads=eagle_heads)   # a DraftHeads of family eagle:
                                                                                  # its LM head, draft vocabulary
-    drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)         # a bare EagleModule: full vocabulary
+    drafter = EagleDrafter(eagle, spec)       # a bare EagleModule: full vocabulary (models/methods/eagle/drafter.py)
     res = generate(model, tok, ids, drafter=drafter)
 
 The features are the base's final hidden states, or for EAGLE-3 the taps its module names (eagle.taps): the

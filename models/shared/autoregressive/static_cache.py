@@ -9,7 +9,7 @@
 
 The autoregressive proposer's dynamic cache grows by the accepted rows every step, and its tree rows' mask has
 as many columns as the cache has rows, so no two drafts run at the same shapes. Here the cache has a fixed
-capacity K (models/engine/static_step.StaticCache: new rows go to the slots in `positions`, attention reads all
+capacity K (models/engine/kv_cache.StaticCache: new rows go to the slots in `positions`, attention reads all
 K slots), and everything that changes from step to step is read from device tensors: the number of accepted rows
 (`base`, filled before each draft), the slots a depth writes and the mask's accepted columns (both computed from
 `base` inside the draft). Masked columns get the dtype's minimum, so attending over K slots gives what attending
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from models.engine.static_step import StaticCache
+from models.engine.kv_cache import StaticCache
 
 CAPACITY_STEP = 1024              # slots are allocated in these steps
 ROOM = 1024                       # rows kept free beyond the accepted ones when a cache is made (a tree's, a path's)

@@ -1,8 +1,8 @@
 """Training EAGLE's draft layer (EAGLE-1, EAGLE-3) or a draft model (docs/reference.md#autoregressive-drafters): the
-module their methods register under their recipe kinds (models/methods/eagle/training.py, models/methods/draft_model/
-family.py), with an AutoregressiveRecipe (models/shared/recipes.py).
+module their methods name for their recipe kinds (models/methods/eagle/__init__.py, models/methods/draft_model/
+__init__.py), with its recipe type AutoregressiveRecipe (here).
 
-    module = AutoregressiveFitModule(heads, base_model, Recipe(kind="eagle", feature_loss_weight=1.0,
+    module = AutoregressiveFitModule(heads, base_model, AutoregressiveRecipe(kind="eagle", feature_loss_weight=1.0,
                                                       teacher_loss_weight=0.1, feature_noise=0.2))
 
 The heads are an AutoregressiveHeads (models/shared/autoregressive/heads.py): heads.draft_module is EAGLE's layer
@@ -27,15 +27,47 @@ num_heads depths whatever unroll is, every position counted.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from models.shared.recipes import Recipe, check_field
 from models.shared.training import HeadsModule, head_positions, soft_cross_entropy
+
+
+@dataclass
+class AutoregressiveRecipe(Recipe):
+    """EAGLE, EAGLE-3 and a draft model: one module unrolled over its own predictions."""
+    feature_loss_weight: float = 0.0    # SmoothL1 of the predicted feature to the base's
+    feature_noise: float = 0.0          # width of the uniform noise on the input features while training
+    noise_reference_length: int | None = None   # set: a row of T tokens gets width feature_noise * this / T
+    unroll: int = 1                     # depths trained (>1: each on the draft's own predicted features)
+    draft_vocab_mask: bool = False      # positions whose label lies outside the draft vocabulary carry no loss
+
+    def __post_init__(self):
+        super().__post_init__()
+        k = self.kind
+        check_field(k, "feature_loss_weight", self.feature_loss_weight, self.feature_loss_weight >= 0, "a number >= 0")
+        check_field(k, "feature_noise", self.feature_noise, self.feature_noise >= 0, "a number >= 0")
+        ref = self.noise_reference_length
+        check_field(k, "noise_reference_length", ref, ref is None or (isinstance(ref, int) and not isinstance(ref, bool)
+               and ref >= 1), "null (a fixed width) or a whole number >= 1 (EAGLE's trainer: 512)")
+        check_field(k, "unroll", self.unroll, isinstance(self.unroll, int) and self.unroll >= 1,
+               "a whole number >= 1 (the depths trained)")
+
+    def noise_width(self, length):
+        """The input-noise width of a row of `length` tokens (an int, or a tensor of one per row): feature_noise,
+        times noise_reference_length / length when that is set, as EAGLE's trainer scales it (512 / T)."""
+        if self.noise_reference_length is None:
+            return self.feature_noise
+        return self.feature_noise * self.noise_reference_length / length
 
 
 class AutoregressiveFitModule(HeadsModule):
     """The frozen base's features in (from the hidden cache when the batch has them), the heads' draft module
     trained (EAGLE's layer; a draft model, distilled with the teacher loss alone)."""
+    recipe_type = AutoregressiveRecipe
 
     def compute(self, batch) -> tuple[torch.Tensor, list, dict]:
         r, heads = self.recipe, self.heads

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from models.base import build_tiny_model
-from models.shared import DraftHeads, HeadsConfig, build_heads
+from models.methods.eagle import EAGLE3
+from models.shared.draft_heads import DraftHeads, HeadsConfig, build_heads
 
 BASE = {"arch": "llama", "num_layers": 8, "seed": 0}       # fewer than 7 layers repeat a tap (models/engine/taps.py)
 DRAFT_VOCAB, DEPTHS, TOKENS = 48, 3, 9
@@ -31,9 +32,9 @@ def seeded_eagle3_heads(model, seed: int = 0) -> DraftHeads:
     N(0, 1 / fan_in), so logits spread enough for a clear argmax."""
     g = torch.Generator().manual_seed(int(seed))
     ids = torch.randperm(model.config.vocab_size, generator=g)[:DRAFT_VOCAB]
-    config = HeadsConfig.for_base(model, "eagle3", num_heads=DEPTHS, share_lm_head=False,
+    config = HeadsConfig.for_base(model, EAGLE3.name, num_heads=DEPTHS, share_lm_head=False,
                                   draft_vocab_size=DRAFT_VOCAB)
-    heads = build_heads(config, model, ids)
+    heads = build_heads(config, EAGLE3, model, ids)
     with torch.no_grad():
         for _, p in sorted(heads.named_parameters()):
             draw = torch.randn(p.shape, generator=g, dtype=torch.float32)
