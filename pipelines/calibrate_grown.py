@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig
 
 from models.engine.drafting import GrownTreeDrafter
 from models.engine.trees import GrownTree
 from models.measure.calibration import predicted_tokens_per_s, step_timings
-from models.measure.grown_calibration import accepted_drafts, choose_grown, grown_settings, replay_grown
+from models.measure.grown_calibration import accepted_drafts, choose_grown, grown_settings, replay_grown, visited_steps
 from models.measure.latency import interpolate_cost
 from pipelines.common import log, write_json
 
@@ -38,13 +39,14 @@ def grown_rows(cfg: DictConfig, model, heads, prompts: list, seqs: list, latency
         for depth, k, nodes in (s for s in settings if s[1] == top_k):
             tree = GrownTree(f"{cfg.heads.name}_grown_d{depth}_k{k}_n{nodes}", depth, k, nodes)
             drafts = min(nodes, k + depth * k * k)
-            L = 1.0 + float(accepted_drafts(replay, depth + 1, nodes).mean())
+            drafted = accepted_drafts(replay, depth + 1, nodes)
+            L = float(np.mean(visited_steps(replay, drafted)))       # along the positions decoding visits
             verify_s = interpolate_cost(latency["sizes"], latency["seconds"], drafts + 1)
             parts = step_timings(model, heads, tree, int(c.latency_repeats), int(c.latency_prefix))
             overhead_s = parts["draft"] + parts["lm_head"] + parts["accept"] + parts["commit"]
             tps = predicted_tokens_per_s(L, verify_s, overhead_s)
             rows.append({"depth": depth, "top_k": k, "nodes": nodes, "positions": len(replay.path_levels),
-                         "predicted_accept_length": L, "verify_s": verify_s, "overhead_s": overhead_s,
+                         "predicted_accept_length": L, "every_position_accept_length": 1.0 + float(drafted.mean()), "verify_s": verify_s, "overhead_s": overhead_s,
                          "step_parts_s": parts, "predicted_tokens_per_s": tps,
                          "predicted_speedup": tps * latency["baseline_step_s"]})
     return rows

@@ -94,6 +94,20 @@ def test_the_cpu_profile_evaluates_the_grown_trees():
     assert {"dynamic_optimal", "dynamic_optimal_pld"} <= set(trees)
 
 
+def test_the_cpu_calibration_grid_reaches_below_the_earlier_floor():
+    """Depth 1-2, top_k 2-3 and nodes 2-3 beside the earlier grid ({3, 5, 7} x {4, 8} x {4, 8, 16, 32}), where the
+    committed run chose the floor for most families; every combination is a setting calibration tries."""
+    from omegaconf import OmegaConf
+
+    from pipelines.common import CONF_DIR
+
+    g = OmegaConf.load(f"{CONF_DIR}/profile/cpu.yaml").calibrate.grown
+    assert set(g.depth) == {1, 2, 3, 5, 7} and set(g.top_k) == {2, 3, 4, 8} and set(g.nodes) == {2, 3, 4, 8, 16, 32}
+    settings = grown_settings(g.depth, g.top_k, g.nodes, max_levels=None)
+    assert len(settings) == 5 * 4 * 6 and (1, 2, 2) in settings and (7, 8, 32) in settings
+    assert grown_settings(g.depth, g.top_k, g.nodes, max_levels=3)[-1] == (2, 8, 32)   # heads of 3 stop at depth 2
+
+
 def fitted_heads(family: str, lr: float):
     """(model, tok, heads, prompts, greedy sequences): heads that get some drafts accepted, not all. EAGLE: its layer
     made the one-layer base's own, perturbed (tests/test_sampling_ar.py); the others partly fitted."""
@@ -119,10 +133,12 @@ def fitted_heads(family: str, lr: float):
 @pytest.mark.parametrize("family,lr", [("hydra", 3e-3), ("medusa", 1e-2), ("eagle", None)])
 def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
     """The replay's acceptance is the decoder's: on the base's greedy continuation, the drafts the replay counts at
-    the positions decoding visits are the decoder's own per step (some drafts accepted, some not)."""
+    the positions decoding visits are the decoder's own per step (some drafts accepted, some not), and the predicted
+    accepted length, walked along those positions, is the decoded one (within 5%; the mean over every position is
+    not what decoding sees)."""
     from models.engine.decoding import generate
     from models.engine.drafting import heads_drafter
-    from models.measure.grown_calibration import replay_grown
+    from models.measure.grown_calibration import replay_grown, visited_steps
 
     model, tok, heads, prompts, seqs = fitted_heads(family, lr)
     N, tree = 40, GrownTree("t", depth=3 if family == "eagle" else 2, top_k=3, nodes=6)
@@ -140,6 +156,10 @@ def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
         assert [int(drafts[t]) + 1 for t in visited] == res.accept_lengths[:k]
         accepted |= max(res.accept_lengths[:k]) > 1
         rejected |= min(res.accept_lengths[:k]) <= tree.levels
+        walked = visited_steps(replay, drafts)
+        assert walked[:k] == res.accept_lengths[:k]
+        predicted, decoded = np.mean(walked[:k]), np.mean(res.accept_lengths[:k])
+        assert abs(predicted / decoded - 1) <= 0.05
     assert accepted and rejected
 
 
@@ -184,3 +204,16 @@ def test_the_results_judge_eagle2s_claim_and_compare_grown_with_fixed_trees():
     assert tree_nodes(summary["methods"]["eagle-dynamic_optimal"]) == "12 grown"
     del summary["methods"]["eagle-dynamic_optimal"]
     assert "EAGLE-2's dynamic tree beats EAGLE's static tree" not in {r["claim"] for r in claim_rows(summary)}
+
+
+def test_make_bench_times_each_grown_tree_beside_a_fixed_tree_of_as_many_drafts():
+    from pipelines.bench.verify import DEFAULTS, bench_trees, same_size_fixed
+
+    trees = bench_trees(dict(DEFAULTS))
+    names = list(trees)
+    for name, tree in trees.items():
+        if isinstance(tree, GrownTree):
+            twin = trees[names[names.index(name) + 1]]
+            assert not isinstance(twin, GrownTree) and twin.num_nodes == tree.num_nodes
+    spec = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [1, 0], [0, 0], [2], [0, 0, 0]]})
+    assert same_size_fixed(spec, 3).paths == ((0,), (1,), (1, 0))          # every kept path's parent kept before it

@@ -23,6 +23,7 @@ from models.base import build_tiny_model
 from models.engine import acceptance
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate
+from models.engine.drafters.grown import as_draft, grow
 from models.engine.drafting import DraftContext, GrownTreeDrafter, PromptLookupDrafter, heads_drafter
 from models.engine.trees import GrownTree, tree_from_config
 from models.shared import HeadsConfig
@@ -42,13 +43,14 @@ class PathProposer:
     alone, as Medusa's heads); draws on no model."""
     taps, draft_ids, vocab_size, max_depth = (), None, V, None
 
-    def __init__(self, same_per_depth: bool = False):
-        self.same_per_depth, self.calls = same_per_depth, []
+    def __init__(self, same_per_depth: bool = False, salt: int = 0, ties: bool = False):
+        self.same_per_depth, self.calls, self.salt, self.ties = same_per_depth, [], salt, ties
 
     def logits(self, path: tuple[int, ...]) -> list[float]:
-        key = (len(path),) if self.same_per_depth else path
+        key = (self.salt, len(path)) if self.same_per_depth else (self.salt, *path)
         g = torch.Generator().manual_seed(hash(key) % (2 ** 31))
-        return (3 * torch.randn(V, generator=g, dtype=torch.float64)).tolist()
+        x = 3 * torch.randn(V, generator=g, dtype=torch.float64)
+        return (x.round() if self.ties else x).tolist()          # ties: whole numbers, so scores tie often
 
     def begin(self, root, depth):
         self.calls.append([])
@@ -107,11 +109,37 @@ def test_the_grown_tree_is_the_brute_force_selection(depth, top_k, nodes, same_p
         draft = drafter.draft(root, max_depth=100)
         want = brute_force(proposer, root, depth, top_k, nodes)
         assert drafted_paths(draft) == want and draft.num_drafts == min(nodes, len(want) - 1) == len(want) - 1
-        assert proposer.calls[-1] == [1] + [top_k] * depth          # one scores call a depth, over the frontier
+        calls = proposer.calls[-1]                    # one scores call a depth, over the frontier the pruning leaves
+        assert calls[0] == 1 and len(calls) <= depth + 1 and all(c <= top_k for c in calls)
         logp = {(root,): 0.0}
         for p in sorted(want, key=len)[1:]:
             logp[p] = logp[p[:-1]] + log_softmax(proposer.logits(p[:-1]))[p[-1]]
         assert draft.node_probs.tolist() == pytest.approx([math.exp(logp[p]) for p in path_list(draft)], rel=1e-5)
+
+
+CASES = [(d, k, n) for d in (0, 1, 2, 3, 5) for k in (1, 2, 3, 4) for n in (1, 2, 3, 5, 8, 20)]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("same_per_depth", [False, True], ids=["path", "medusa"])
+def test_the_pruned_growth_keeps_the_unpruned_tree(same_per_depth, ties):
+    """Over random proposers and many (depth, top_k, nodes): the tree kept after pruning is the one kept without it,
+    token, rank path and probability alike, ties included; and the pruning does skip frontier rows."""
+    rows = {True: 0, False: 0}
+    for salt in range(3):
+        proposer = PathProposer(same_per_depth, salt, ties)
+        for depth, top_k, nodes in CASES:
+            tree = GrownTree("t", depth, top_k, nodes)
+            for root in range(V):
+                kept = {}
+                for prune in (False, True):
+                    grown = grow(proposer, root, tree, depth + 1, SamplingConfig(), prune=prune)
+                    rows[prune] += sum(proposer.calls[-1])
+                    kept[prune] = as_draft(grown, grown.best(nodes), tree)
+                a, b = kept[False], kept[True]
+                assert a.buf.spec.paths == b.buf.spec.paths, (salt, depth, top_k, nodes, root)
+                assert torch.equal(a.tokens, b.tokens) and torch.equal(a.node_probs, b.node_probs)
+    assert rows[True] < 0.8 * rows[False], rows
 
 
 def path_list(draft) -> list[tuple[int, ...]]:
@@ -167,6 +195,39 @@ def draft_model_heads(model):
 
 AR_HEADS = {"eagle": lambda m: eagle_heads(m, depths=2).eval(), "draft_model": draft_model_heads,
             "eagle3": lambda m: eagle3_heads(m, depths=2, noise=0.2).eval()}
+
+
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "draft_model"])
+def test_the_root_pair_run_with_the_accepted_pairs_drafts_and_decodes_as_before(family):
+    """The autoregressive drafters write a step's accepted pairs and the next root's pair in one forward: the same
+    trees (tokens and probabilities), the same accepted lengths and output as the root run on its own, about one draft
+    forward a step fewer, on a grown tree and a fixed one."""
+    model, tok = build_tiny_model(seed=0)
+    heads = AR_HEADS[family](model)
+    ids = cyclic_prompt(model, tok, known=12)
+    for tree in (TREE, tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [1, 0]]})):
+        runs = {}
+        for fold in (True, False):
+            drafter = heads_drafter(heads, tree)
+            drafter.proposer.fold_root = fold
+            forwards = []
+            hook = heads.draft_module.register_forward_pre_hook(lambda *_: forwards.append(1))
+            drafts = []
+            draft = drafter.draft
+            drafter.draft = lambda root, depth: drafts.append(draft(root, depth)) or drafts[-1]
+            try:
+                res = generate(model, tok, ids, drafter, max_new_tokens=24, stop_token_ids=[])
+            finally:
+                hook.remove()
+            runs[fold] = res, drafts, len(forwards)
+        (res, drafts, n), (ref, ref_drafts, ref_n) = runs[True], runs[False]
+        assert res.new_tokens == ref.new_tokens and res.accept_lengths == ref.accept_lengths
+        for a, b in zip(drafts, ref_drafts, strict=True):
+            assert torch.equal(a.tokens, b.tokens)
+            if a.node_probs is not None:          # one forward of m + 1 rows, not two: float32 rounding apart
+                torch.testing.assert_close(a.node_probs, b.node_probs, rtol=1e-3, atol=1e-6)
+        # the root's own forward is gone, once a step (steps near the length limit, drafting nothing, flush alone)
+        assert ref_n - n >= res.steps - 2
 
 
 @pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp", "eagle", "eagle3", "draft_model"])

@@ -11,7 +11,9 @@ A benchmark, not a test: on this machine, for the configured base model (SmolLM2
      Hydra++, EAGLE, the draft model of `sps`; rows per family, named by its first head config) on the
      fixed sparse64 tree and the trees grown per step (eagle2: the authors' 59 nodes, eagle2_cpu: 12; draft
      heads stop at their number of levels) with freshly initialised heads on the profile's draft vocabulary (their quality does not
-     matter for timing; the draft model starts as copies of base layers, EAGLE's layer as random weights).
+     matter for timing; the draft model starts as copies of base layers, EAGLE's layer as random weights); beside
+     each grown tree, a fixed tree of as many verified tokens (sparse64's first nodes, `fixed<n>`), and the grown
+     step (draft + verify + accept + commit) over that fixed tree's (`grown_over_fixed`).
 Prints both tables and writes reports/bench/bench_verify.json.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from models.engine.decoding import SamplingConfig, generate
 from models.engine.drafting import make_drafter
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.measure.latency import verify_latency_profile
-from models.engine.trees import tree_from_config
+from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.hardware import cpu_model
 from pipelines.methods import random_heads
 from pipelines.common import conf_option, load_model, log, stage, write_json
@@ -38,9 +40,29 @@ DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "
 
 
 def bench_trees(settings) -> dict:
-    """{name: tree} of the trees timed: the fixed ones and the grown ones (EAGLE-2's, and it sized for a CPU)."""
+    """{name: tree} of the trees timed: the fixed ones and the grown ones (EAGLE-2's, and it sized for a CPU), each
+    grown one followed by a fixed tree of as many verified tokens."""
     names = [settings["tree"]] if settings["tree"] else list(settings["trees"])
-    return {name: tree_from_config(conf_option("tree", name)) for name in names}
+    trees = {}
+    for name in names:
+        trees[name] = tree = tree_from_config(conf_option("tree", name))
+        if isinstance(tree, GrownTree):
+            fixed = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), tree.nodes)
+            trees[fixed.name] = fixed
+    return trees
+
+
+def same_size_fixed(spec: TreeSpec, nodes: int) -> TreeSpec:
+    """The first `nodes` paths of `spec` whose parents come before them: a fixed tree of nodes drafts."""
+    kept: list[tuple[int, ...]] = []
+    for path in spec.paths:
+        if len(kept) < nodes and (len(path) == 1 or tuple(path[:-1]) in kept):
+            kept.append(tuple(path))
+    return TreeSpec(f"fixed{len(kept)}", tuple(kept), spec.topk)
+
+
+def step_ms(row: dict) -> float:
+    return row["draft_ms"] + row["verify_ms"] + row["accept_ms"] + row["commit_ms"]
 
 
 def overhead_per_family(cfg, model, settings) -> list[dict]:
@@ -60,10 +82,16 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
         seen.add(family)
         heads = random_heads(cfg, model, h)                             # the profile's draft vocabulary and sharing
         prepare_heads_for_decoding(heads)                               # as the decoders run them
+        grown = None
         for tree_name, tree in trees.items():
             row = time_drafter(model, prompt, make_drafter({"kind": "heads", "tree": tree}, heads=heads), settings)
             rows.append({"family": family, "heads": conf_name, "heads_layers": layers, "tree": tree_name,
                          "tree_nodes": tree.num_nodes, **row})
+            if isinstance(tree, GrownTree):
+                grown = rows[-1]
+            elif grown is not None and tree.num_nodes == grown["tree_nodes"]:   # the grown tree's fixed twin
+                grown["grown_over_fixed"] = step_ms(grown) / step_ms(rows[-1])
+                grown = None
     return rows
 
 
@@ -132,14 +160,15 @@ def main(cfg: DictConfig) -> None:
     rows = overhead_per_family(cfg, model, settings)
     print(f"\n2) per decoding step, {settings['new_tokens']} new tokens, random heads (grown trees: eagle2*)")
     print(f"{'heads':>22} {'tree':>11} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
-          f"{'tok/s':>7}")
+          f"{'tok/s':>7} {'grown/fixed step':>17}")
     for r in rows:
         if r["family"] == "baseline":
             print(f"{'baseline':>22} {'':>11} {'':>9} {r['verify_ms']:>10.1f} {'':>10} {'':>10} {'':>9} {r['tokens_per_second']:>7.1f}")
             continue
         name = f"{r['heads']} ({r['family']})"
         print(f"{name:>22} {r['tree']:>11} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.1f} {r['accept_ms']:>10.2f} "
-              f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}")
+              f"{r['commit_ms']:>10.2f} {100 * r['overhead_share']:>8.1f}% {r['tokens_per_second']:>7.1f}"
+              + (f" {r['grown_over_fixed']:>17.2f}" if "grown_over_fixed" in r else ""))
     record = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average": load, "host": host,
               "machine": cpu_model(), "settings": settings, "verify_profile": prof,
               "verify_profile_stock": stock, "prepared": prepared,

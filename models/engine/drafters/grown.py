@@ -12,6 +12,11 @@ the draft conditioned on the path). Each step:
   3. every drafted node is ranked by score and the best `nodes` are kept. A child's score is at most its
      parent's, and ties rank the earlier-drafted node first, so the kept set holds every kept node's ancestors:
      it is a tree, verified as any other (its TreeBuffers are built from the kept nodes' rank paths).
+Pruned growth: once nodes + 1 nodes are drafted, a frontier node scoring at or below the (nodes + 1)-th best score is
+not expanded, and growth stops when no frontier node is left. Its descendants could not be kept: each would score at
+most what it does and rank after the nodes + 1 drafted before it. Nor would they change which nodes are expanded
+where it matters: a node they would push out of a frontier scores no more than they do, so it is pruned too. The kept
+tree is the unpruned growth's, token, path and score alike (tests/test_grown_tree.py), for fewer frontier rows and levels.
 Levels drafted: depth + 1, no more than the proposer can (draft heads: their number; max_depth near the limits).
 Children are top-k picks, so every child is a point mass for the acceptance rules: greedy and typical acceptance
 and sampling acceptance with draft="topk" stay exact. draft="sample" is refused: step 3 drops draws, and the
@@ -66,6 +71,13 @@ class Grown:
         self.n += R * k
         return new
 
+    def threshold(self, nodes: int) -> float:
+        """The (nodes + 1)-th best score drafted so far (the root counts); -inf while fewer nodes are drafted. A node
+        scoring at or below it cannot have a kept descendant."""
+        if self.n <= nodes:
+            return float("-inf")
+        return float(torch.topk(self.score[:self.n], nodes + 1).values[-1])
+
     def best(self, nodes: int) -> torch.Tensor:
         """The root and the `nodes` best-scoring drafts, in drafting order (every kept node's parent kept)."""
         order = torch.sort(self.score[:self.n], descending=True, stable=True).indices   # ties: earlier first
@@ -77,8 +89,10 @@ class Grown:
         return keep
 
 
-def grow(proposer: Proposer, root: int, tree: GrownTree, levels: int, sampling, generator=None) -> Grown:
-    """Draft the candidates of one step (steps 1 and 2 of the module docstring), `levels` levels deep."""
+def grow(proposer: Proposer, root: int, tree: GrownTree, levels: int, sampling, generator=None,
+         prune: bool = True) -> Grown:
+    """Draft the candidates of one step (steps 1 and 2 of the module docstring), at most `levels` levels deep;
+    prune: skip the frontier nodes no kept node can descend from (the module docstring), the kept tree unchanged."""
     k = tree.top_k
     grown = Grown(1 + k + max(levels - 1, 0) * k * k, levels, root, proposer_device(proposer))
     frontier = torch.zeros(1, dtype=torch.long)
@@ -91,6 +105,10 @@ def grow(proposer: Proposer, root: int, tree: GrownTree, levels: int, sampling, 
             picks, logp = kids.picks.expand(R, -1), kids.logp.expand(R, -1)            # Medusa: one row for all
             new = grown.add_children(d, frontier, to_token_ids(proposer, picks), logp)
             frontier = new[torch.sort(grown.score[new], descending=True, stable=True).indices[:k]]
+            if prune:
+                frontier = frontier[grown.score[frontier] > grown.threshold(tree.nodes)]
+                if frontier.numel() == 0:
+                    break
     finally:
         proposer.end()
     return grown

@@ -16,6 +16,9 @@ State after start/advance, with P positions accepted (the base cache holds 0..P-
 draft cache holds the pairs (f_t, x_{t+1}) of t = 0..P-2, i.e. P-1 rows, all of them accepted, and `feature`
 is f_{P-1}, the base's hidden state of the last accepted position. advance() appends the pairs the accepted
 path completes: (f_{P-1}, x_P), (f_P, x_{P+1}), ..., so the draft cache never holds a rejected position.
+Those pairs are written by the next draft's first forward, together with the root's pair (as the authors'
+topK_genrate does): one forward a step where two ran, the same rows and the same causal view. Reading `cache`
+writes them first, so that from outside the cache is always as described.
 
 A tree is drafted between begin() and end(), one scores(frontier) a depth. Frontier node i at depth d is the pair
 (its parent's predicted feature, token i) at position P-1+d; the root's pair is (f_{P-1}, root). The frontier's
@@ -49,6 +52,7 @@ class AutoregressiveProposer:
     with the model's logit transform."""
 
     capturable = True      # with a static draft cache (DraftContext.static): the draft's shapes are fixed
+    fold_root = True       # the root's pair run in the forward that writes the accepted pairs (False: its own)
 
     def __init__(self, heads=None, eagle=None):
         if (heads is None) == (eagle is None):
@@ -65,15 +69,23 @@ class AutoregressiveProposer:
             self.logits = BaseLogits(self.eagle.lm_head, logit_transform(self.eagle.base_config))   # [R, h] -> [R, V]
             self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
             self.draft_ids, self.vocab_size = None, self.eagle.base_config.vocab_size
-        self.cache = new_cache()                       # the draft layer's KV rows: accepted pairs only
+        self._cache = new_cache()                      # the draft layer's KV rows: accepted pairs only
+        self.pending: list[tuple[torch.Tensor, ...]] = []   # accepted pairs (feats, tokens, positions) not yet run
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
         self.history = AdvanceHistory()                # (P, f_{P-1}) after each of the last advances
         self.accepted, self.pred, self.run = 0, None, None   # while drafting: cache rows kept, [N, h], nodes run
+        self.root_logits = None                        # the root pair's children, run with the pending pairs
         self.static: StaticDraftCache | None = None    # the draft cache at fixed shapes, when asked for
 
     @property
     def device(self) -> torch.device:
         return self.feature.device
+
+    @property
+    def cache(self):
+        """The draft cache with every accepted pair in it (the pending ones written first)."""
+        self.flush()
+        return self._cache
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, ctx: DraftContext) -> None:
@@ -87,31 +99,50 @@ class AutoregressiveProposer:
         if ctx.static:
             self.static = StaticDraftCache.for_prompt(self.static, len(self.eagle.layers), T, hidden.device,
                                                       self.eagle.dtype)
-            self.cache = self.static.cache
+            self._cache = self.static.cache
         else:
-            self.static, self.cache = None, new_cache()
+            self.static, self._cache = None, new_cache()
+        self.pending = []
         if T > 1:
             pos = torch.arange(T - 1, device=hidden.device)[None]                  # [1, T-1]
             self.write(hidden[None, :-1], input_ids[None, 1:].to(hidden.device), pos)
         self.keep(T, hidden[-1])
 
     def write(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> None:
-        """Accepted pairs [1, m, h], [1, m] at positions [1, m] into the draft cache (causal over what it holds)."""
+        """Accepted pairs [1, m, h], [1, m] at positions [1, m] into the draft cache (causal over what it holds):
+        at once with a static cache (a captured draft reads fixed rows), else with the next draft's first forward."""
         if self.static is None:
-            self.eagle(feats, tokens, pos, cache=self.cache)
+            self.pending.append((feats, tokens, pos))
             return
         m = tokens.shape[1]
         self.static = self.static.with_room(m)
-        self.cache = self.static.cache
-        self.eagle(feats, tokens, pos, cache=self.cache, attention_mask=self.static.rows(m))
+        self._cache = self.static.cache
+        self.eagle(feats, tokens, pos, cache=self._cache, attention_mask=self.static.rows(m))
         self.static.commit(m)
+
+    @torch.no_grad()
+    def flush(self, root: int | None = None) -> torch.Tensor | None:
+        """The pending pairs, and the root's pair (f_{P-1}, root) at position P-1 when given, in one causal forward
+        -> the root pair's output [h] (None without a root)."""
+        rows = list(self.pending)
+        if root is not None:
+            P = self._cache.get_seq_length() + sum(r[1].shape[1] for r in rows) + 1
+            device = self.feature.device
+            rows.append((self.feature[None, None], torch.tensor([[int(root)]], device=device),
+                         torch.tensor([[P - 1]], device=device)))
+        self.pending = []
+        if not rows:
+            return None
+        feats, tokens, pos = (torch.cat([r[i] for r in rows], dim=1) for i in range(3))
+        out = self.eagle(feats.to(self.eagle.dtype), tokens, pos, cache=self._cache)
+        return out[0, -1] if root is not None else None
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
         pairs (f_{position-1}, x_position), (f_position, x_{position+1}), ... at positions position-1 ..."""
-        if self.cache.get_seq_length() != position - 1:
-            raise ValueError(f"the eagle drafter holds {self.cache.get_seq_length() + 1} positions, "
-                             f"cannot advance from position {position}")
+        held = self._cache.get_seq_length() + sum(r[1].shape[1] for r in self.pending)
+        if held != position - 1:
+            raise ValueError(f"the eagle drafter holds {held + 1} positions, cannot advance from position {position}")
         m = hidden.shape[0]
         feats = torch.cat([self.feature[None], hidden[:-1].to(self.feature.dtype)])      # [m, h]
         toks = torch.as_tensor(tokens, dtype=torch.long, device=hidden.device)           # [m]
@@ -139,7 +170,8 @@ class AutoregressiveProposer:
         if self.static is not None:
             self.static.crop(position - 1)
         else:
-            self.cache.crop(position - 1 - self.cache.get_seq_length())
+            self.flush()
+            self._cache.crop(position - 1 - self._cache.get_seq_length())
 
     def static_inputs(self) -> tuple[torch.Tensor, ...]:
         """What a draft reads that changes between steps (a captured draft checks their storage is unmoved)."""
@@ -152,21 +184,30 @@ class AutoregressiveProposer:
         """Before a draft of num_nodes tree rows, outside a captured graph: room for them, and the accepted rows'
         count where the draft reads it."""
         self.static = self.static.with_room(num_nodes)
-        self.cache = self.static.cache
+        self._cache = self.static.cache
         self.static.set_base()
 
     # -- proposals -----------------------------------------------------------------------------
     def begin(self, root: int, depth: int) -> None:
-        self.accepted, self.pred, self.run = self.cache.get_seq_length(), None, None
+        self.pred, self.run, self.root_logits = None, None, None
+        if self.static is not None or depth == 0 or not self.fold_root:
+            self.accepted = self.cache.get_seq_length()              # the pending pairs written
+            return
+        out = self.flush(root)                                      # the accepted pairs and the root's, one forward
+        self.accepted = self._cache.get_seq_length() - 1
+        self.run, self.pred = torch.zeros(1, dtype=torch.long), out[None]
+        self.root_logits = self.logits(self.eagle.readout(out[None]).to(self.head_dtype))        # [1, Vd]
 
     @torch.no_grad()
     def scores(self, frontier: Frontier) -> torch.Tensor:
         """The frontier's nodes through the draft layer in one forward (their rows appended to the draft cache,
         tree-masked) -> the logits of their children [R, Vd]; their predicted features kept for the next depth."""
+        if frontier.depth == 0 and self.root_logits is not None:                               # run by begin
+            return self.root_logits
         device, dtype, nodes = self.feature.device, self.eagle.dtype, frontier.nodes
         feats = self.feature[None] if frontier.depth == 0 else self.pred[frontier.parents]       # [R, h]
         offset = 0 if self.run is None else self.run.numel()
-        self.run = nodes if self.run is None else torch.cat([self.run, nodes])                  # [C] in cache order
+        self.run = nodes if self.run is None else torch.cat([self.run.to(nodes.device), nodes])   # [C] in cache order
         seen = frontier.ancestors[:, self.run].to(device)                                        # [R, C]
         if self.static is not None:                # graph-safe: slots and positions from the device's base
             mask = self.static.tree_rows(offset, seen)
@@ -175,7 +216,7 @@ class AutoregressiveProposer:
             mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
             mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)
             pos = torch.full((1, nodes.numel()), self.accepted + frontier.depth, dtype=torch.long, device=device)
-        out = self.eagle(feats[None], frontier.tokens[nodes][None], pos, cache=self.cache, attention_mask=mask)[0]
+        out = self.eagle(feats[None], frontier.tokens[nodes][None], pos, cache=self._cache, attention_mask=mask)[0]
         n = frontier.tokens.numel()
         if self.pred is None or self.pred.shape[0] < n:
             grown = out.new_empty(n, out.shape[-1])
@@ -187,5 +228,5 @@ class AutoregressiveProposer:
 
     def end(self) -> None:
         if self.static is None:
-            self.cache.crop(self.accepted - self.cache.get_seq_length())                        # drafted rows off
-        self.pred, self.run = None, None
+            self._cache.crop(self.accepted - self._cache.get_seq_length())                      # drafted rows off
+        self.pred, self.run, self.root_logits = None, None, None
