@@ -65,7 +65,7 @@ def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
     """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
     (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
     t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
-    taps = method(cfg.heads.family).family.taps(model.config)        # EAGLE-3: its taps beside the final state
+    taps = method(cfg.heads.family).family.taps(model.config, int(cfg.heads.num_layers))   # EAGLE-3, DFlash: taps
     if t.get("hidden_cache", True):
         for split, (ids, _) in data.items():
             folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=taps)

@@ -22,7 +22,8 @@ from models.engine.taps import LayerTaps
 from models.shared import HeadsConfig
 from models.methods import build_heads
 from models.shared.draft_vocab import most_frequent
-from models.methods.eagle.eagle3 import Eagle3Module, layer_config
+from models.methods.eagle.eagle3 import Eagle3Module
+from models.shared.layer_config import layer_config
 from models.shared.head_data import HeadsDataset, collate
 from models.methods import new_recipe, recipe_kind
 from tests.test_decoding import TREES, cyclic_prompt, perturbed

@@ -5,6 +5,7 @@ looks methods up through this module. Nothing registers itself on import.
     hydra/         Hydra and Hydra++ (its prefix layer: HydraPPHeads)
     eagle/         EAGLE-1 and EAGLE-3 (their layers, families and formats)
     draft_model/   a small draft model (SpS)
+    dflash/        DFlash, a block drafted in one forward
 
 A method's package holds its family (what its module is: a HeadFamily and, when it owns more than heads, a DraftHeads
 subclass), its proposer, its training modules and recipe types, its formats and taps, and declares them in a Method
@@ -24,6 +25,7 @@ import copy
 from pathlib import Path
 
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.methods.dflash import DFLASH
 from models.methods.draft_model import DRAFT_MODEL
 from models.methods.eagle import EAGLE, EAGLE3
 from models.methods.hydra import HYDRA, HYDRA_PP
@@ -34,7 +36,7 @@ from models.shared.method import Method, RecipeKind
 from models.shared.recipes import Recipe, checked_recipe
 
 # in the order tables and listings give them (formats: medusa, vllm, hydra, eagle, eagle3, speculators)
-METHODS: tuple[Method, ...] = (MEDUSA, HYDRA, HYDRA_PP, EAGLE, EAGLE3, DRAFT_MODEL)
+METHODS: tuple[Method, ...] = (MEDUSA, HYDRA, HYDRA_PP, EAGLE, EAGLE3, DRAFT_MODEL, DFLASH)
 
 
 def method(name: str) -> Method:

@@ -63,8 +63,9 @@ class HeadFamily:
         """Own LM heads built when the heads do not share the base's: one per head."""
         return num_heads
 
-    def taps(self, base_config) -> tuple[int, ...]:
-        """The base states (models/engine/taps.py) the heads read beside the final hidden state: none."""
+    def taps(self, base_config, num_layers: int = 1) -> tuple[int, ...]:
+        """The base states (models/engine/taps.py) the heads read beside the final hidden state, for heads of
+        num_layers layers (the heads config's): none."""
         return ()
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:

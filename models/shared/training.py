@@ -167,7 +167,7 @@ class HeadsModule(pl.LightningModule):
         [B, T, h * (1 + n)] when the family reads n taps (models/engine/taps.py): the final state, then the taps."""
         if "hidden" in batch:
             return batch["hidden"]
-        taps = self.heads.family.taps(self.base.config)
+        taps = self.heads.family.taps(self.base.config, self.heads.config.num_layers)
         return final_and_taps(self.base.get_decoder(), batch["input_ids"], taps)
 
     @property

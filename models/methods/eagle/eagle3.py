@@ -39,35 +39,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from models.shared.autoregressive.draft import AutoregressiveDraft
-
-
-def rope_parameters(base_config) -> dict:
-    """The base's rotary base and scaling as a Llama config takes them (transformers' rope_parameters): the
-    full-attention layers' where they differ per layer type, without a partial rotary factor (the Llama layer
-    rotates every dimension)."""
-    params = dict(getattr(base_config, "rope_parameters", None) or getattr(base_config, "rope_scaling", None) or {})
-    if isinstance(params.get("full_attention"), dict):
-        params = dict(params["full_attention"])
-    params.pop("partial_rotary_factor", None)
-    params.setdefault("rope_theta", float(getattr(base_config, "rope_theta", 10000.0)))
-    params["rope_type"] = params.get("rope_type", params.pop("type", "default"))
-    return params
-
-
-def layer_config(base_config) -> LlamaConfig:
-    """A one-layer Llama config of the base's sizes (the authors' and the loaders' EAGLE-3 layer for this base)."""
-    heads = base_config.num_attention_heads
-    head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // heads
-    eps = getattr(base_config, "rms_norm_eps", None) or getattr(base_config, "layer_norm_eps", None) or 1e-6
-    config = LlamaConfig(
-        vocab_size=base_config.vocab_size, hidden_size=base_config.hidden_size,
-        intermediate_size=base_config.intermediate_size, num_hidden_layers=1, num_attention_heads=heads,
-        num_key_value_heads=getattr(base_config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        hidden_act="silu", rms_norm_eps=float(eps), max_position_embeddings=base_config.max_position_embeddings,
-        rope_parameters=rope_parameters(base_config), attention_bias=False, mlp_bias=False,
-        attn_implementation="sdpa")               # takes the drafter's additive tree masks, on CPU and GPU
-    return config
-
+from models.shared.layer_config import layer_config
 
 
 def eagle3_taps(num_layers: int) -> tuple[int, ...]:

@@ -34,5 +34,5 @@ class Eagle3(AutoregressiveFamily):
     def build_draft(self, base_model, config) -> Eagle3Module:
         return Eagle3Module.from_base(base_model)
 
-    def taps(self, base_config) -> tuple[int, ...]:
+    def taps(self, base_config, num_layers: int = 1) -> tuple[int, ...]:
         return eagle3_taps(base_config.num_hidden_layers)

@@ -1,0 +1,168 @@
+"""DFlash's draft module (z-lab's block-diffusion drafter, docs/reference.md): a few decoder layers that draft a whole
+block of tokens in one forward. The block is the last verified token followed by mask tokens; every draft layer's
+keys and values are the base's features of the accepted positions (the "context", fused from several of the base's
+layers) followed by the block's own, and the block attends to all of them and to itself both ways (no causal mask).
+
+    module = DFlashModule.from_base(model, num_layers=2, block_size=16, seed=0)
+    module.taps                               # the base states it reads (models/engine/taps.py indices)
+    out = module(features, block_ids, position_ids, cache=cache)   # [B, C, w], [B, Q], [B, C + Q] -> [B, Q, h]
+
+Per layer, with x the block's hidden states [Q, h] and c = hidden_norm(fc(features)) the context [C, h]:
+
+    q = q_norm(q_proj(input_layernorm(x)))                              per head, rotary at the block's positions
+    k = k_norm(k_proj([c ; input_layernorm(x)])),  v = v_proj([c ; input_layernorm(x)])   rotary at [ctx ; block]
+    x = x + o_proj(attention(q, cached k, v ; k, v)),  x = x + mlp(post_attention_layernorm(x))
+
+and the output is norm(x); block position i >= 1 scores the token at that position through the base's LM head.
+The context is not normed by the layer's own input norm, as in the authors' Qwen3-style layers (dflash 0.1.0,
+dflash/model.py Qwen3DFlashAttention). The layers are Llama-sized from the base (models/shared/layer_config.py) with
+the authors' per-head q/k norms; their Linears are initialised normal(0, the base's initializer_range), every norm at
+one. A draft cache keeps the context's keys and values from one draft to the next (DFlashCache); the block's are
+cropped off after each draft. The mask token is the base vocabulary's last id unless given. float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+
+from models.shared.layer_config import layer_config
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The base layers whose outputs the context fuses, as the authors pick them: one per draft layer, spread from
+    layer 1 to layer L - 3 (one draft layer: the middle one)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def dflash_taps(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The taps (hidden_states indices: layer id + 1) of build_target_layer_ids, clamped to the layer outputs 1..L
+    for the tiny test bases whose L - 3 is below 1."""
+    ids = build_target_layer_ids(num_target_layers, num_draft_layers)
+    return tuple(min(max(i + 1, 1), num_target_layers) for i in ids)
+
+
+class DFlashCache:
+    """Each layer's keys and values [B, kv_heads, S, d] of the positions drafted against (the context), in order."""
+
+    def __init__(self, num_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+    def extend(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k[i] is not None:
+            k, v = torch.cat([self.k[i], k], dim=2), torch.cat([self.v[i], v], dim=2)
+        self.k[i], self.v[i] = k, v
+        return k, v
+
+    def crop(self, n: int) -> None:
+        """Keep the first n positions."""
+        self.k = [None if k is None else k[:, :, :n] for k in self.k]
+        self.v = [None if v is None else v[:, :, :n] for v in self.v]
+
+
+class DFlashLayer(nn.Module):
+    """One draft layer (module docstring): attention over [context ; block] keys and values, SwiGLU MLP."""
+
+    def __init__(self, config):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.q_proj = nn.Linear(h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.q_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x, ctx, cos, sin, cache: DFlashCache | None = None, index: int = 0, mask=None):
+        """x [B, Q, h] the block, ctx [B, C, h] the new context rows, cos/sin [B, C + Q, d] at their positions;
+        mask: an additive [B, 1, Q, S] mask over every key (None: all visible)."""
+        B, Q, _ = x.shape
+        xn = self.input_layernorm(x)
+        both = torch.cat([ctx, xn], dim=1)                                                  # [B, C + Q, h]
+        q = self.q_norm(self.q_proj(xn).view(B, Q, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(both).view(B, -1, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(both).view(B, -1, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos[:, :, -Q:] + rotate_half(q) * sin[:, :, -Q:]
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.extend(index, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        x = x + self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModule(nn.Module):
+    """fc (len(taps) * h -> h, no bias) and hidden_norm over the base's tapped features, the draft layers, the final
+    norm, a Llama rotary embedding of the base's settings; the base's embedding by reference (frozen, not saved)."""
+
+    def __init__(self, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None):
+        super().__init__()
+        if num_layers < 1 or block_size < 2:
+            raise ValueError(f"a DFlash drafter needs at least 1 layer and a block of 2 or more tokens; got "
+                             f"num_layers={num_layers}, block_size={block_size}")
+        config = layer_config(base_model.config)
+        h = config.hidden_size
+        self.base_config, self.block_size = base_model.config, int(block_size)
+        self.mask_token_id = int(base_model.config.vocab_size - 1 if mask_token_id is None else mask_token_id)
+        L = base_model.config.num_hidden_layers
+        self.target_layer_ids = build_target_layer_ids(L, num_layers)
+        self.taps = dflash_taps(L, num_layers)
+        self.fc = nn.Linear(len(self.taps) * h, h, bias=False)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(num_layers)])
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)              # buffers only, not saved
+        self._base = {"embed": base_model.get_input_embeddings()}
+        std = float(getattr(base_model.config, "initializer_range", 0.02))
+        with torch.no_grad():                                         # the authors' initialisation, stated
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    m.weight.normal_(0.0, std)
+                elif isinstance(m, LlamaRMSNorm):
+                    m.weight.fill_(1.0)
+
+    @classmethod
+    def from_base(cls, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
+                  seed: int | None = None) -> "DFlashModule":
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            module = cls(base_model, num_layers, block_size, mask_token_id)
+        device = base_model.get_input_embeddings().weight.device
+        return module.to(device=device, dtype=torch.float32).train(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self._base["embed"](tokens).to(self.dtype)
+
+    def new_cache(self) -> DFlashCache:
+        return DFlashCache(len(self.layers))
+
+    def forward(self, features: torch.Tensor, block_ids: torch.Tensor, position_ids: torch.Tensor,
+                cache: DFlashCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features [B, C, len(taps) * h] of the new context positions, block_ids [B, Q], position_ids [B, C + Q]
+        (the context's, then the block's) -> the block's outputs [B, Q, h] (module docstring)."""
+        ctx = self.hidden_norm(self.fc(features.to(self.dtype)))                          # [B, C, h]
+        x = self.embed(block_ids)                                                         # [B, Q, h]
+        cos, sin = self.rotary_emb(x, position_ids)                                       # [B, C + Q, d]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, cos.to(x.dtype), sin.to(x.dtype), cache, i, mask)
+        return self.norm(x)

@@ -1,0 +1,50 @@
+"""DFlash's family and heads module: the draft module (models/methods/dflash/dflash.py) held as `heads.dflash`, built
+from the base on the first attach, scored by the heads' LM head (the base's, shared, over the draft vocabulary, as the
+authors score the draft with the target's). `num_heads` is the block's drafted positions (block size - 1), each a
+"head" for the validation metrics and for the trees drafted from each position's top-k; `num_layers` its layers.
+
+    heads = models.methods.build_heads(HeadsConfig.for_base(model, family="dflash", num_heads=15, num_layers=2,
+                                                            share_lm_head=True), model)
+    heads.dflash.taps                        # the base states it reads, one per draft layer
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from models.methods.dflash.dflash import DFlashModule, dflash_taps
+from models.shared.draft_heads import DraftHeads
+from models.shared.families import HeadFamily
+
+
+class DFlashHeads(DraftHeads):
+    """DraftHeads with the draft module `dflash` (None until the first attach builds it)."""
+
+    def __init__(self, config, base_model=None, draft_ids=None, *, method):
+        super().__init__(config, draft_ids=draft_ids, method=method)
+        self.dflash: DFlashModule | None = None
+        if base_model is not None:
+            self.attach(base_model, init_from_base=True)
+
+    def build_parts(self, base_model) -> None:
+        if self.dflash is None:
+            self.dflash = DFlashModule.from_base(base_model, self.config.num_layers,
+                                                 block_size=self.config.num_heads + 1).train(self.training)
+
+    @property
+    def draft_module(self) -> nn.Module | None:
+        return self.dflash
+
+
+class DFlash(HeadFamily):
+    """A block drafted in one forward; the blocks per head are empty (the module drafts every position)."""
+    name = "dflash"
+    heads_class = DFlashHeads
+
+    def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
+        return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])
+
+    def num_lm_heads(self, num_heads: int) -> int:
+        return 1                                  # every position is read by the same LM head
+
+    def taps(self, base_config, num_layers: int = 1) -> tuple[int, ...]:
+        return dflash_taps(base_config.num_hidden_layers, num_layers)

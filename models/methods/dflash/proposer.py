@@ -1,0 +1,78 @@
+"""DFlash's proposer: the whole block below the root drafted in one forward, then each depth's children read off it.
+
+At a draft of depth D below root x_P, the module runs once over the block [x_P, mask x D] at positions P..P+D, its
+keys and values the context's (the base's tapped features of the accepted positions, cached from one draft to the next;
+the ones accepted since the last draft are run with this block) and the block's own. Position d of the block scores the
+token d positions below the root, so every node at depth d - 1 gets the same children, as Medusa's heads give them:
+a chain takes the argmax of each position (the authors' dflash_generate), a tree each position's top-k. After the
+draft the block's keys and values are cropped off, so the cache holds the accepted positions only.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.engine.drafters.base import AdvanceHistory, DraftContext
+from models.engine.drafters.proposer import Frontier
+from models.engine.projection import project
+
+
+class DFlashProposer:
+    capturable = False            # a replayed graph is not built for it yet: drafted eagerly
+
+    def __init__(self, heads):
+        self.heads, self.module = heads, heads.draft_module
+        self.taps, self.max_depth = tuple(self.module.taps), heads.config.num_heads
+        self.draft_ids, self.vocab_size = heads.draft_ids, heads.config.vocab_size
+        self.linear = heads.output_layer(0)
+        self.cache = self.module.new_cache()
+        self.pending: list[tuple[torch.Tensor, int]] = []     # (features [m, w], first position) not yet cached
+        self.history = AdvanceHistory()
+        self.rows = None                                      # [D, Vd] while a tree is drafted
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.fc.weight.device
+
+    def start(self, ctx: DraftContext) -> None:
+        """ctx.hidden [T, w]: the prompt's tapped features, positions 0..T-1."""
+        self.cache, self.pending, self.rows = self.module.new_cache(), [(ctx.hidden, 0)], None
+        self.history.clear()
+        self.history.push(ctx.hidden.shape[0], None)
+
+    def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
+        """hidden [m, w]: the features of the accepted positions position..position+m-1."""
+        if self.held() != position:
+            raise ValueError(f"the DFlash drafter holds {self.held()} positions, cannot advance from {position}")
+        self.pending.append((hidden, position))
+        self.history.push(position + hidden.shape[0], None)
+
+    def held(self) -> int:
+        return self.cache.length + sum(h.shape[0] for h, _ in self.pending)
+
+    def rewind(self, position: int) -> None:
+        self.history.back_to(position, "the DFlash drafter")
+        self.pending = [(h[:max(0, position - p)], p) for h, p in self.pending if p < position]
+        self.cache.crop(min(position, self.cache.length))
+
+    @torch.no_grad()
+    def begin(self, root: int, depth: int) -> None:
+        self.rows = None
+        if depth == 0:
+            return
+        P = self.held()
+        feats = torch.cat([h for h, _ in self.pending]) if self.pending else \
+            torch.zeros(0, self.module.fc.in_features, device=self.device)
+        first = self.cache.length
+        block = torch.full((1, depth + 1), self.module.mask_token_id, dtype=torch.long, device=self.device)
+        block[0, 0] = int(root)
+        pos = torch.arange(first, P + depth + 1, device=self.device)[None]                 # context, then block
+        out = self.module(feats[None].to(self.device), block, pos, cache=self.cache)[0]   # [depth + 1, h]
+        self.pending = []
+        self.cache.crop(P)                                                                  # the block's rows off
+        self.rows = project(self.linear, out[1:].to(self.linear.weight.dtype))             # [depth, Vd]
+
+    def scores(self, frontier: Frontier) -> torch.Tensor:
+        return self.rows[frontier.depth:frontier.depth + 1]                                 # [1, Vd]
+
+    def end(self) -> None:
+        self.rows = None

@@ -1,0 +1,130 @@
+"""DFlash (models/methods/dflash/) on tiny random models: greedy decoding equals the baseline on a chain and on a tree,
+the block drafted in one forward a step; the draft cache carried across steps gives what one forward over the whole
+context gives; the training mask and anchors are what the recipe says (a brute force), and training lowers the loss
+and learns the block's first positions."""
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from models.base import build_tiny_model
+from models.engine.acceptance import SamplingConfig
+from models.engine.decoding import generate
+from models.engine.drafting import DraftContext, heads_drafter
+from models.engine.trees import chain_tree, tree_from_config
+from models.methods import build_heads, new_recipe, recipe_kind
+from models.methods.dflash.dflash import build_target_layer_ids, dflash_taps
+from models.methods.dflash.training import block_mask, draw_anchors
+from models.shared import HeadsConfig
+from models.shared.fitting import fit_resumable
+from tests.test_decoding import cyclic_prompt
+from tests.test_eagle3 import deep_model
+from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+
+
+def dflash_heads(model, block=8, layers=2, seed=0):
+    torch.manual_seed(seed)
+    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    return build_heads(config, model).eval()
+
+
+def test_the_authors_layer_ids_and_our_taps():
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33] and build_target_layer_ids(36, 1) == [18]
+    assert dflash_taps(36, 5) == (2, 10, 18, 26, 34)               # hidden_states[layer id + 1]
+    assert dflash_taps(2, 2) == (2, 1)                             # a tiny base: clamped to its layer outputs
+
+
+@pytest.mark.parametrize("tree", [chain_tree(7), TREE], ids=["chain", "tree"])
+def test_greedy_dflash_equals_the_baseline_one_draft_forward_a_step(tree):
+    for model, tok, ids in ((*build_tiny_model(seed=0), None), (*deep_model(), [5])):
+        ids = ids or cyclic_prompt(model, tok, known=12)
+        heads = dflash_heads(model)
+        calls = []
+        hook = heads.dflash.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+            res = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])
+        finally:
+            hook.remove()
+        assert res.new_tokens == base.new_tokens
+        assert len(calls) <= res.steps                             # one forward a drafted step, none more
+
+
+def test_the_carried_draft_cache_drafts_what_one_forward_over_the_whole_context_drafts():
+    model, _ = build_tiny_model(seed=0)
+    heads = dflash_heads(model)
+    proposer = heads.method.proposer(heads)
+    w = len(heads.dflash.taps) * model.config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(20, w, generator=g)
+    proposer.start(DraftContext(torch.arange(6), feats[:6], SamplingConfig()))
+    done = 6
+    for m in (3, 1, 4):                                            # steps accepting 3, 1 and 4 positions
+        proposer.begin(7, 5)
+        proposer.end()
+        proposer.advance(feats[done:done + m], [1] * m, done)
+        done += m
+    proposer.begin(9, 5)
+    got = proposer.rows
+    block = torch.tensor([[9] + [heads.dflash.mask_token_id] * 5])
+    with torch.no_grad():
+        out = heads.dflash(feats[None, :done], block, torch.arange(done + 6)[None])[0]
+        want = heads.lm_head(0, out[1:])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    proposer.rewind(done - 4)                                       # back before the last advance
+    proposer.begin(9, 5)
+    with torch.no_grad():
+        again = heads.lm_head(0, heads.dflash(feats[None, :done - 4], block, torch.arange(done + 2)[None])[0][1:])
+    torch.testing.assert_close(proposer.rows, again, rtol=1e-4, atol=1e-5)
+
+
+def test_anchors_and_the_block_mask_follow_the_recipe():
+    valid = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0], [0, 0, 1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    anchors, keep = draw_anchors(valid, 3, torch.Generator().manual_seed(0))
+    assert keep.tolist() == [[True] * 3, [True, False, False]]
+    assert all(valid[0, a] for a in anchors[0].tolist()) and anchors[0].tolist() == sorted(set(anchors[0].tolist()))
+    assert anchors[1, 0] == 2
+    T, bs = 8, 2
+    mask = block_mask(anchors, keep, T, bs)[:, 0]                  # [B, N * bs, T + N * bs]
+    for b in range(2):
+        for q in range(3 * bs):
+            n = q // bs
+            for kv in range(T + 3 * bs):
+                want = (kv < T and bool(keep[b, n]) and kv < int(anchors[b, n])) or (kv >= T and (kv - T) // bs == n)
+                assert bool(mask[b, q, kv]) == want, (b, q, kv)
+
+
+def test_training_lowers_the_loss_and_learns_the_first_positions(tmp_path):
+    model, tok = build_tiny_model(seed=0)
+    model.requires_grad_(False)
+    train, val = loaders(tok, model, cache_dir=None)
+    heads = dflash_heads(model, block=4).train().requires_grad_(True)
+    recipe = new_recipe(kind="dflash", lr=1e-2, warmup_ratio=0.0, num_anchors=16, loss_decay_gamma=7.0)
+    module = recipe_kind("dflash").module(heads, model, recipe)
+    before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
+                               trainer_kwargs=quiet_trainer_kwargs())
+    after = trainer.validate(module, val, verbose=False)[0]
+    assert after["val/loss"] < 0.8 * before["val/loss"]
+    assert after["val/top1_head0"] > before["val/top1_head0"]
+    heads.eval()
+    ids = cyclic_prompt(model, tok, known=12)
+    base = generate(model, tok, ids, max_new_tokens=16, stop_token_ids=[])
+    assert generate(model, tok, ids, heads_drafter(heads, chain_tree(3)), max_new_tokens=16,
+                    stop_token_ids=[]).new_tokens == base.new_tokens
+
+
+def test_the_train_stage_trains_heads_dflash(stage_cfg):                        # noqa: F811  (a fixture)
+    from models.methods import load_heads
+    from pipelines.train import run_train
+
+    cfg = stage_cfg("dflash")
+    metrics = run_train(cfg)
+    assert metrics["family"] == "dflash" and set(metrics["val_top1"]) == {f"head{k}" for k in range(15)}
+    model, heads = load_heads(f"{cfg.paths.results}/heads/dflash", build_tiny_model()[0])
+    assert heads.dflash is not None and heads.dflash.block_size == 16
