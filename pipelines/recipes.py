@@ -13,8 +13,7 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.methods import make_recipe as recipe_of
-from models.methods import method, recipe_kind
+from models.methods import make_recipe as recipe_of, method
 from models.shared.recipes import Recipe
 from pipelines.common import heads_options
 

@@ -306,7 +306,7 @@ def test_dropping_the_logit_transform_fails(granite_setup, monkeypatch):
 def test_drafted_children_come_with_their_q(family):
     """draft="sample": each parent's q is the warped distribution of the head that proposed its children."""
     from tests.proposals import propose, started
-    from models.methods import build_heads, method
+    from models.methods import build_heads
 
     model, tok = build_tiny_model(arch="qwen2", seed=1)
     heads = build_heads(HeadsConfig.for_base(model, family, num_heads=2, share_lm_head=family == "medusa"), model)
