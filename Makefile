@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop install mlflow-ui
+.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -64,6 +64,10 @@ conformance-eagle: $(STAMP)
 # golden file tests/test_speculators_format.py replays (docs/conformance.md#speculators-interop)
 interop: $(STAMP)
 	$(BIN)/python -m pipelines.interop $(ARGS)
+
+# our DFlash export loaded by the authors' dflash 0.1.0 (DFlashDraftModel), in its own .venv-dflash
+dflash-check: $(STAMP)
+	$(BIN)/python -m pipelines.dflash_check $(ARGS)
 
 # the tree grown per step against a tree of its size chosen in hindsight, replayed along evaluate@<heads>'s own
 # records (after `dvc repro evaluate@<heads>`); OVERRIDES e.g. "+oracle.settings=[[5,10,59]]"

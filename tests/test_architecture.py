@@ -136,6 +136,7 @@ METHOD_DRIVERS = {
     "pipelines/conformance.py": "drives the authors' Medusa code against ours",
     "pipelines/conformance_eagle.py": "drives the authors' EAGLE-1 code against ours",
     "pipelines/interop.py": "drives the speculators library and vLLM with our EAGLE-3 export",
+    "pipelines/dflash_check.py": "drives the authors' DFlash package with our DFlash export",
     "pipelines/bench/joint.py": "measures Medusa-2's joint stage",
     "pipelines/bench/scaling.py": "its default: the heads configs whose data scaling it compares",
     "pipelines/tables.py": "the papers' tables, named after the papers (medusa, hydra, eagle)",

@@ -128,3 +128,28 @@ def test_the_train_stage_trains_heads_dflash(stage_cfg):                        
     assert metrics["family"] == "dflash" and set(metrics["val_top1"]) == {f"head{k}" for k in range(15)}
     model, heads = load_heads(f"{cfg.paths.results}/heads/dflash", build_tiny_model()[0])
     assert heads.dflash is not None and heads.dflash.block_size == 16
+
+
+def test_the_export_holds_the_authors_names_and_config(tmp_path):
+    """export.format=dflash: every tensor under the name DFlashDraftModel gives it (make dflash-check loads it with
+    the authors' package: reports/dflash_check.json), the Qwen3 config of the draft's sizes with dflash_config."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from models.methods import export_heads
+
+    model, _ = build_tiny_model("llama", num_layers=8, seed=0)
+    heads = dflash_heads(model, block=16, layers=2)
+    export_heads(heads, model, tmp_path, "dflash")
+    state, config = load_file(str(tmp_path / "model.safetensors")), json.loads((tmp_path / "config.json").read_text())
+    per_layer = {f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")} | \
+        {f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")} | \
+        {"input_layernorm.weight", "post_attention_layernorm.weight"}
+    want = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"layers.{i}.{n}" for i in range(2) for n in per_layer}
+    assert set(state) == want
+    assert torch.equal(state["layers.1.self_attn.k_norm.weight"], heads.dflash.layers[1].k_norm.weight)
+    assert config["dflash_config"] == {"target_layer_ids": [1, 5], "block_size": 16,
+                                       "mask_token_id": model.config.vocab_size - 1}
+    assert (config["num_hidden_layers"], config["num_target_layers"], config["architectures"]) == \
+        (2, 8, ["DFlashDraftModel"])
