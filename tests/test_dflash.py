@@ -153,3 +153,53 @@ def test_the_export_holds_the_authors_names_and_config(tmp_path):
                                        "mask_token_id": model.config.vocab_size - 1}
     assert (config["num_hidden_layers"], config["num_target_layers"], config["architectures"]) == \
         (2, 8, ["DFlashDraftModel"])
+
+
+@pytest.fixture(scope="module")
+def golden():
+    import json
+
+    from pipelines.common import REPO_ROOT
+
+    return json.loads((REPO_ROOT / "tests" / "golden" / "dflash_conformance.json").read_text())
+
+
+def replay(golden, tamper=None) -> dict:
+    """Our decoder on the golden file's prompts with its seeded drafter, compared step by step with the authors'."""
+    from pipelines.dflash_check import compare, our_steps, seeded
+
+    model, heads = seeded(golden["seed"], golden["layers"], golden["block"])
+    if tamper is not None:
+        tamper(heads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                                       # as the golden run
+    try:
+        ours = our_steps(model, heads, golden["prompts"], golden["new_tokens"])
+    finally:
+        torch.set_num_threads(before)
+    return compare(ours, golden["official"], golden["block"] - 1)
+
+
+def test_our_dflash_decoder_takes_the_authors_steps(golden):
+    """tests/golden/dflash_conformance.json: the authors' dflash_generate (make dflash-check) on a seeded drafter;
+    every step drafts the same block (where both drafted a whole one) and produces the same tokens."""
+    result = replay(golden)
+    assert result["identical"], result["first_mismatch"]
+    assert result["whole_blocks_compared"] >= 60
+
+
+def test_the_golden_comparison_fails_on_the_wrong_taps_or_positions(golden):
+    def wrong_taps(heads):                                       # the base's states of other layers
+        heads.dflash.taps = tuple(reversed(heads.dflash.taps))
+
+    def wrong_positions(heads):              # the block one position further from its context (rotary: relative)
+        forward = heads.dflash.forward
+
+        def shifted(f, b, pos, **kw):
+            pos = pos.clone()
+            pos[:, -b.shape[1]:] += 1
+            return forward(f, b, pos, **kw)
+        heads.dflash.forward = shifted
+
+    for tamper in (wrong_taps, wrong_positions):
+        assert not replay(golden, tamper)["identical"], tamper.__name__
