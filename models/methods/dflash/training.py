@@ -43,8 +43,7 @@ def draw_anchors(valid: torch.Tensor, n: int, generator=None) -> tuple[torch.Ten
     keys = torch.rand(B, T, generator=generator, device=valid.device).masked_fill(~valid, 2.0)
     order = keys.argsort(dim=1)[:, :N]
     keep = torch.gather(valid, 1, order)
-    anchors = torch.where(keep, order, torch.zeros_like(order))
-    anchors, index = anchors.masked_fill(~keep, T).sort(dim=1)
+    anchors, index = order.masked_fill(~keep, T).sort(dim=1)          # the kept ones first, in order
     keep = torch.gather(keep, 1, index)
     return anchors.masked_fill(~keep, 0), keep
 
@@ -84,10 +83,9 @@ class DFlashFitModule(HeadsModule):
         mask = block_mask(anchors, keep, T, bs)
         out = module(feats, block_ids.view(B, -1), pos, mask=mask).view(B, N, bs, -1)     # [B, N, bs, h]
         target = ids.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)
-        weight = (keep[..., None] & (at < T) & (offsets > 0) &
+        weight = (keep[..., None] & (at < T) &
                   loss_mask.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)).float()
-        if r.loss_decay_gamma:
-            weight = weight * torch.exp(-(offsets - 1).clamp(min=0).float() / r.loss_decay_gamma)
+        weight = weight * torch.tensor(position_weights(bs, r.loss_decay_gamma), device=ids.device)
         index = heads.to_draft_index(target)
         weight = weight * (index >= 0)                                  # a token outside the draft vocabulary
         logits = heads.lm_head(0, out)                                                      # [B, N, bs, Vd]
@@ -105,5 +103,6 @@ class DFlashFitModule(HeadsModule):
 
 
 def position_weights(block: int, gamma: float | None) -> list[float]:
-    """The loss weight of each block position (0 for the anchor): what the recipe weights, for reports."""
+    """The loss weight of each block position: 0 for the anchor, exp(-(k - 1) / gamma) for position k (1 without a
+    gamma)."""
     return [0.0] + [math.exp(-(k - 1) / gamma) if gamma else 1.0 for k in range(1, block)]

@@ -120,13 +120,17 @@ class AutoregressiveProposer:
         self.eagle(feats, tokens, pos, cache=self._cache, attention_mask=self.static.rows(m))
         self.static.commit(m)
 
+    def held(self) -> int:
+        """Accepted pairs written or pending."""
+        return self._cache.get_seq_length() + sum(r[1].shape[1] for r in self.pending)
+
     @torch.no_grad()
     def flush(self, root: int | None = None) -> torch.Tensor | None:
         """The pending pairs, and the root's pair (f_{P-1}, root) at position P-1 when given, in one causal forward
         -> the root pair's output [h] (None without a root)."""
         rows = list(self.pending)
         if root is not None:
-            P = self._cache.get_seq_length() + sum(r[1].shape[1] for r in rows) + 1
+            P = self.held() + 1
             device = self.feature.device
             rows.append((self.feature[None, None], torch.tensor([[int(root)]], device=device),
                          torch.tensor([[P - 1]], device=device)))
@@ -140,9 +144,9 @@ class AutoregressiveProposer:
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
         pairs (f_{position-1}, x_position), (f_position, x_{position+1}), ... at positions position-1 ..."""
-        held = self._cache.get_seq_length() + sum(r[1].shape[1] for r in self.pending)
-        if held != position - 1:
-            raise ValueError(f"the eagle drafter holds {held + 1} positions, cannot advance from position {position}")
+        if self.held() != position - 1:
+            raise ValueError(f"the eagle drafter holds {self.held() + 1} positions, cannot advance from position "
+                             f"{position}")
         m = hidden.shape[0]
         feats = torch.cat([self.feature[None], hidden[:-1].to(self.feature.dtype)])      # [m, h]
         toks = torch.as_tensor(tokens, dtype=torch.long, device=hidden.device)           # [m]
