@@ -12,7 +12,8 @@ from analysis.tables import Table, find_method, fmt_speedup, method_trees, ours_
 def calibration_rows(summary: dict, calibrations: dict[str, dict]) -> list[dict]:
     """Predicted vs measured mean accepted tokens per step, per heads and tree.
 
-    One row per greedy tree of calibration.json's "budgets" and per fixed tree of its "fixed_trees".
+    One row per greedy tree of calibration.json's "budgets", per chain of its "chains" and per fixed tree of its
+    "fixed_trees".
     predicted: the formula from acc[d][r] (pipelines.calibrate); replayed: the held-out greedy
     continuations replayed through the tree as decoding walks it; measured: MT-Bench (pipelines.evaluate),
     for the fixed trees by name and for the chosen budget as tree=optimal; None where not evaluated."""
@@ -21,12 +22,15 @@ def calibration_rows(summary: dict, calibrations: dict[str, dict]) -> list[dict]
         budgets = cal.get("budgets", [])
         items = [(f"budget {b}", b, e) for b, e in budgets.items()] if isinstance(budgets, dict) else \
                 [(f"budget {e.get('budget')}", e.get("budget"), e) for e in budgets]
+        items += [(f"chain {e.get('budget')}", e.get("budget"), e) for e in cal.get("chains", [])]
         items += [(name, e.get("budget"), e) for name, e in cal.get("fixed_trees", {}).items()]
         for label, nodes, entry in items:
             if not isinstance(entry, dict) or entry.get("predicted_accept_length") is None:
                 continue
-            fixed = not label.startswith("budget ")
-            chosen = not fixed and cal.get("chosen_budget") is not None and int(nodes) == int(cal["chosen_budget"])
+            shape = label.split(" ")[0] if label.split(" ")[0] in ("budget", "chain") else None
+            fixed = shape is None
+            chosen = not fixed and cal.get("chosen_budget") is not None and int(nodes) == int(cal["chosen_budget"]) \
+                and (cal.get("chosen_shape", "tree") == "chain") == (shape == "chain")
             m = find_method(summary, heads, label if fixed else "optimal") if fixed or chosen else None
             if m is not None and not fixed and m.get("tree_nodes") not in (None, int(nodes)):
                 m = None           # the evaluated optimal tree came from another calibration

@@ -6,9 +6,9 @@ Data-driven trees for one head family on this machine (models/measure/calibratio
   2) held-out prompts (val split of the distilled data, topped up from the prepared val split)
      continued greedily by the base model
   3) rank of the base's token in each head's top-k at every position -> acc[d][r]
-  4) greedy tree per node budget; predicted accepted length; step cost = verify(n+1 tokens, from the
+  4) greedy tree per node budget, and chains (calibrate's chain_lengths); predicted accepted length; step cost = verify(n+1 tokens, from the
      profile) + draft + accept + commit (timed per tree with the decoder's own functions)
-  5) the tree with the highest predicted tokens/s -> results/calibrate/<heads>/optimal_tree.json
+  5) the tree or chain with the highest predicted tokens/s -> results/calibrate/<heads>/optimal_tree.json
      (tree=optimal loads it), calibration.json, trees/budget_<n>.json, plots, MLflow run,
      reports/metrics/calibrate_<heads>.json
   6) the tree grown per step: the (depth, top_k, nodes) of profile.calibrate.grown with the highest predicted
@@ -37,7 +37,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
 from models.engine.fast_inference import prepare_for_decoding
 from models.hardware import host_record, machine_description
 from models.measure.latency import interpolate_cost, verify_latency_profile
-from models.engine.trees import TreeSpec, tree_from_config
+from models.engine.trees import TreeSpec, chain_tree, tree_from_config
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.common import (conf_option, flat_metrics, heads_options, load_model, log, mlflow_run, run_record,
                               stage, write_json)
@@ -232,6 +232,9 @@ def plot_calibration(result: dict, folder: Path) -> list[Path]:
     fig, ax1 = plt.subplots(figsize=(6, 4))
     b = [r["budget"] for r in rows]
     ax1.plot(b, [r["predicted_tokens_per_s"] for r in rows], marker="o", color="C0", label="predicted tokens/s")
+    chains = result.get("chains", [])
+    ax1.plot([r["budget"] for r in chains], [r["predicted_tokens_per_s"] for r in chains], marker="s", ls="--",
+             color="C4", label="predicted tokens/s, chains")
     ax1.axhline(result["baseline_tokens_per_s"], color="C0", ls=":", label="autoregressive baseline")
     ax1.scatter([result["chosen_budget"]], [result["chosen"]["predicted_tokens_per_s"]], s=120, facecolors="none",
                 edgecolors="C3", label="chosen")
@@ -267,12 +270,20 @@ def calibration_sequences(cfg: DictConfig, model, tokenizer) -> tuple[list, list
     raise ValueError(f"profile.calibrate.continuation={c.continuation!r}; use greedy or data")
 
 
-def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list, dict, float]:
-    """(a row per greedy tree of each budget, {fixed tree name: its row} for the fixed trees the heads can draft,
-    how the verify forwards timed now compare with the latency profile)."""
+def chain_lengths(budgets, depth: int) -> list[int]:
+    """The chains calibrate weighs beside the greedy trees: one per budget the heads reach, and the deepest (a block
+    drafter's whole block verified as a chain, as DFlash's authors verify it)."""
+    return sorted({int(n) for n in budgets if int(n) <= depth} | {int(depth)})
+
+
+def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list, list, dict, float]:
+    """(a row per greedy tree of each budget, a row per chain of chain_lengths, {fixed tree name: its row} for the
+    fixed trees the heads can draft, how the verify forwards timed now compare with the latency profile)."""
     K, D = int(cfg.profile.calibrate.topk), heads.config.num_heads
     rows = [evaluate_tree(TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K), acc, ranks,
                           latency, model, heads, cfg) for n in cfg.profile.calibrate.budgets]
+    chains = [dict(evaluate_tree(chain_tree(n, K, f"{cfg.heads.name}_chain{n}"), acc, ranks, latency, model, heads,
+                                 cfg), shape="chain") for n in chain_lengths(cfg.profile.calibrate.budgets, D)]
     fixed = {}
     for name in FIXED_TREES:
         spec = fixed_tree(cfg, name)
@@ -284,7 +295,7 @@ def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list,
         log.warning("the verify forwards timed now take %.2fx the latency profile's (%s): the machine's load "
                     "changed since it was measured; predicted tokens/s are unreliable (re-run on a quiet machine: "
                     "`dvc repro -f calibrate_latency calibrate`)", drift, latency_path(cfg))
-    return rows, fixed, drift
+    return rows, chains, fixed, drift
 
 
 def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, acc) -> tuple[dict, list]:
@@ -293,9 +304,10 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
     out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["topk"]
     shutil.rmtree(out / "trees", ignore_errors=True)          # no stale budgets from an earlier run
     out.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        write_json(out / "trees" / f"budget_{row['budget']}.json",
-                   {"name": f"{cfg.heads.name}_budget{row['budget']}", "paths": row["paths"], "topk": K,
+    for row in rows + result["chains"]:
+        shape = "chain" if row.get("shape") == "chain" else "budget"
+        write_json(out / "trees" / f"{shape}_{row['budget']}.json",
+                   {"name": f"{cfg.heads.name}_{shape}{row['budget']}", "paths": row["paths"], "topk": K,
                     "budget": row["budget"], "predicted_accept_length": row["predicted_accept_length"]})
     write_json(out / "optimal_tree.json", {
         "name": "optimal", "paths": chosen["paths"], "topk": K, "budget": chosen["budget"],
@@ -305,7 +317,7 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
     write_json(out / "calibration.json", result)
     metrics = {k: chosen[k] for k in ("predicted_accept_length", "replay_accept_length", "predicted_tokens_per_s",
                                       "predicted_speedup")}
-    metrics = {"chosen_budget": chosen["budget"], **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
+    metrics = {"chosen_budget": chosen["budget"], "chosen_shape": chosen.get("shape", "tree"), **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
                **write_grown(cfg, result["grown"], out, result["machine"]),          # tree=dynamic_optimal
                "host": host_record(result["machine"]["device"]), "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
@@ -331,8 +343,8 @@ def calibrate(cfg: DictConfig) -> dict:
     acc, counts = accuracy_table(ranks, K)
     log.info("%s: %d sequences, %d positions in %.0f s; acc[d][0] = %s", name, len(ranks), int(counts[0]),
              time.perf_counter() - t0, np.round(acc[:, 0], 3).tolist())
-    rows, fixed, drift = tree_rows(cfg, acc, ranks, latency, model, heads)               # 3) trees, cost, choice
-    chosen = choose_budget(rows)
+    rows, chains, fixed, drift = tree_rows(cfg, acc, ranks, latency, model, heads)       # 3) trees, cost, choice
+    chosen = choose_budget(rows + chains)
     result = {
         "heads": name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
         "draft_vocab_size": heads.config.draft_vocab_size, "continuation": cfg.profile.calibrate.continuation,
@@ -340,7 +352,8 @@ def calibrate(cfg: DictConfig) -> dict:
         "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),
         "machine": latency["machine"], "latency_file": str(latency_path(cfg)),
         "baseline_tokens_per_s": 1.0 / latency["baseline_step_s"], "verify_now_vs_profile": drift, "budgets": rows,
-        "fixed_trees": fixed, "chosen_budget": chosen["budget"], "chosen": {k: v for k, v in chosen.items() if k != "paths"},
+        "chains": chains, "fixed_trees": fixed, "chosen_budget": chosen["budget"],
+        "chosen_shape": chosen.get("shape", "tree"), "chosen": {k: v for k, v in chosen.items() if k != "paths"},
         "grown": grown_rows(cfg, model, heads, prompts, seqs, latency),           # the tree grown per step
     }
     metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs

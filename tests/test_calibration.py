@@ -228,7 +228,7 @@ def log_to_a_file_store(done: dict, tmp_path, monkeypatch) -> None:
     assert logged["run.cpu_count"] >= 1 and "acc_top1_d1" in logged and "budget_predicted_accept_length" in logged
 
 
-@pytest.mark.parametrize("heads_name,continuation", [("hydra_pp", "greedy"), ("medusa1", "data")])
+@pytest.mark.parametrize("heads_name,continuation", [("hydra_pp", "greedy"), ("medusa1", "data"), ("dflash", "greedy")])
 def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation, monkeypatch):
     import json
 
@@ -249,8 +249,11 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     result = json.loads((out / "calibration.json").read_text())
     assert [b["budget"] for b in result["budgets"]] == [2, 4, 8]
     assert np.array(result["acc"]).shape == (cfg.heads.num_heads, 10)
-    tps = [b["predicted_tokens_per_s"] for b in result["budgets"]]
-    assert result["chosen"]["predicted_tokens_per_s"] == max(tps)
+    D = cfg.heads.num_heads                      # chains of each budget the heads reach, and the deepest
+    assert [c["budget"] for c in result["chains"]] == sorted({n for n in (2, 4, 8) if n <= D} | {D})
+    assert all(c["paths"] == [[0] * d for d in range(1, c["budget"] + 1)] for c in result["chains"])
+    tps = [b["predicted_tokens_per_s"] for b in result["budgets"] + result["chains"]]
+    assert result["chosen"]["predicted_tokens_per_s"] == max(tps)          # a chain or a greedy tree
     assert (tmp_path / "results" / "calibrate" / "latency.json").is_file()
     assert len(list((tmp_path / "results" / "cache" / "calibrate").glob("*.json"))) == (continuation == "greedy")
     # tree=optimal (conf/tree/optimal.yaml, kind: file) loads what the stage wrote

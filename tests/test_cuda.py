@@ -26,7 +26,7 @@ from tests.test_training import loaders, make_module, save_distilled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
-FAMILIES = ("medusa", "hydra", "hydra_pp", "eagle", "eagle3", "draft_model")
+FAMILIES = ("medusa", "hydra", "hydra_pp", "eagle", "eagle3", "draft_model", "dflash")
 
 
 def cuda_model(dtype=torch.float32, seed=0):

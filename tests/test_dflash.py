@@ -15,7 +15,8 @@ from models.engine.drafting import DraftContext, heads_drafter
 from models.engine.trees import chain_tree, tree_from_config
 from models.methods import build_heads, new_recipe, recipe_kind
 from models.methods.dflash.dflash import build_target_layer_ids, dflash_taps
-from models.methods.dflash.training import block_mask, draw_anchors
+from models.methods.dflash.dflash import block_mask
+from models.methods.dflash.training import draw_anchors
 from models.shared import HeadsConfig
 from models.shared.fitting import fit_resumable
 from tests.test_decoding import cyclic_prompt
@@ -70,17 +71,42 @@ def test_the_carried_draft_cache_drafts_what_one_forward_over_the_whole_context_
         proposer.advance(feats[done:done + m], [1] * m, done)
         done += m
     proposer.begin(9, 5)
-    got = proposer.rows
-    block = torch.tensor([[9] + [heads.dflash.mask_token_id] * 5])
+    got = proposer.rows                                             # 5 rows of the whole block of 8
+    block = torch.tensor([[9] + [heads.dflash.mask_token_id] * 7])
     with torch.no_grad():
-        out = heads.dflash(feats[None, :done], block, torch.arange(done + 6)[None])[0]
-        want = heads.lm_head(0, out[1:])
+        out = heads.dflash(feats[None, :done], block, torch.arange(done + 8)[None])[0]
+        want = heads.lm_head(0, out[1:6])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     proposer.rewind(done - 4)                                       # back before the last advance
     proposer.begin(9, 5)
     with torch.no_grad():
-        again = heads.lm_head(0, heads.dflash(feats[None, :done - 4], block, torch.arange(done + 2)[None])[0][1:])
+        again = heads.lm_head(0, heads.dflash(feats[None, :done - 4], block, torch.arange(done + 4)[None])[0][1:6])
     torch.testing.assert_close(proposer.rows, again, rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_drafts_every_position_as_decoding_drafts_it():
+    """Calibration's ranks read DFlashModule.unroll: at row r, the whole block rooted at x_{r+1} over context 0..r,
+    the same outputs as the one-forward draft the proposer makes there; sequence_ranks reads it like EAGLE's."""
+    from models.measure.calibration import sequence_ranks
+
+    model, tok = build_tiny_model(seed=0)
+    heads = dflash_heads(model)
+    module, bs = heads.dflash, heads.dflash.block_size
+    g = torch.Generator().manual_seed(1)
+    T = 19
+    feats = torch.randn(1, T, module.fc.in_features, generator=g)
+    ids = torch.randint(model.config.vocab_size - 1, (1, T), generator=g)
+    drafts = module.unroll(feats, ids, 5, chunk=4)                       # chunks of 4 roots: the masks matter
+    assert len(drafts) == 5 and drafts[0].shape == (1, T - 1, model.config.hidden_size)
+    for r in (0, 3, 4, 11, T - 2):
+        block = torch.tensor([[int(ids[0, r + 1])] + [module.mask_token_id] * (bs - 1)])
+        with torch.no_grad():
+            want = module(feats[:, :r + 1], block, torch.arange(r + 1 + bs)[None])[0, 1:6]
+        torch.testing.assert_close(torch.stack([d[0, r] for d in drafts]), want, rtol=1e-4, atol=1e-5)
+    seq = cyclic_prompt(model, tok, known=12)
+    seq = seq + generate(model, tok, seq, max_new_tokens=10, stop_token_ids=[]).new_tokens
+    ranks = sequence_ranks(model, heads, seq, len(seq) - 11, topk=4)
+    assert ranks.shape == (10, heads.config.num_heads) and (ranks[:, 0] >= 0).all()
 
 
 def test_anchors_and_the_block_mask_follow_the_recipe():
@@ -203,3 +229,53 @@ def test_the_golden_comparison_fails_on_the_wrong_taps_or_positions(golden):
 
     for tamper in (wrong_taps, wrong_positions):
         assert not replay(golden, tamper)["identical"], tamper.__name__
+
+
+def test_calibrations_replay_is_what_the_decoder_accepts():
+    """Calibration's ranks (unroll) replayed through a tree give the decoder's own accepted lengths step by step, on
+    a drafter fitted to the base's greedy continuations until some drafts are accepted and some not."""
+    from models.engine.taps import final_and_taps
+    from models.engine.trees import TreeSpec
+    from models.measure.calibration import (accuracy_table, greedy_continuations, greedy_tree, replay_steps,
+                                            sequence_ranks)
+
+    torch.manual_seed(0)
+    model, tok = build_tiny_model(seed=1)
+    model.requires_grad_(False)
+    heads = dflash_heads(model, block=5)
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]) for q in ["Hi there", "What is 2+2?"]]
+    N = 40
+    seqs = greedy_continuations(model, prompts, N)
+    module, h = heads.dflash, model.config.hidden_size
+    opt = torch.optim.Adam(module.parameters(), lr=3e-3)
+    data = []
+    with torch.no_grad():
+        for s in seqs:
+            ids = torch.tensor(s)[None]
+            both = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(len(s))[None])
+            data.append((ids, both[..., h:], model.get_output_embeddings()(both[..., :h])[0].argmax(-1)))
+    module.train()
+    for _ in range(10):                                             # partly fitted (acc[d][0] about 0.25)
+        loss = 0.0
+        for ids, feats, greedy in data:
+            drafts = module.unroll(feats, ids, 4)
+            T = ids.shape[1]
+            for k, d in enumerate(drafts):                          # row r scores x_{r+k+2} = greedy[r+k+1]
+                r = torch.arange(T - 2 - k)
+                loss = loss + torch.nn.functional.cross_entropy(heads.lm_head(0, d[0, r]), greedy[r + k + 1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    heads.eval()
+    ranks = [sequence_ranks(model, heads, s, len(p) - 1) for s, p in zip(seqs, prompts)]
+    acc, _ = accuracy_table(ranks)
+    assert 0.1 < acc[0, 0] < 0.98
+    paths = greedy_tree(acc, 8)
+    for p, s, R in zip(prompts, seqs, ranks):
+        res = generate(model, tok, p, heads_drafter(heads, TreeSpec("t", tuple(paths), 10)), max_new_tokens=N,
+                       stop_token_ids=[])
+        assert res.new_tokens == s[len(p):]
+        k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
+        assert res.accept_lengths[:k] == replay_steps(R, paths)[:k]
+        assert max(res.accept_lengths[:k]) > 1 and min(res.accept_lengths[:k]) < 1 + max(map(len, paths))

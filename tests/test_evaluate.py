@@ -634,3 +634,23 @@ def test_eagle_and_a_draft_model_evaluate_losslessly_beside_assisted_generation(
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["sps_hf"]["checked_turns"] == 4   # 2 questions x 2 turns
     assert report["methods"]["eagle-chain4"]["checked_turns"] == 4
+
+
+def test_dflash_evaluates_losslessly_alone_and_with_prompt_lookup(stage_cfg, tmp_path):
+    """DFlash's rows: its block drafted as a chain and as a tree grown per step with prompt lookup's chain merged
+    in, every answer the baseline's."""
+    from pipelines.evaluate import run_evaluation
+
+    model, _ = build_tiny_model()
+    torch.manual_seed(0)
+    build_heads(HeadsConfig.for_base(model, family="dflash", num_heads=7, num_layers=2, share_lm_head=True),
+                model).save(tmp_path / "results" / "heads" / "dflash")
+    with open_dict(stage_cfg):
+        stage_cfg.profile.eval.trees = ["chain4", "eagle2_pld"]
+        stage_cfg.profile.eval.families = ["dflash"]
+        stage_cfg.profile.eval.repeats = 1
+    summary = run_evaluation(stage_cfg)
+    assert {"dflash-chain4", "dflash-eagle2_pld"} <= set(summary["methods"])
+    assert summary["methods"]["dflash-eagle2_pld"]["lookup_branch"]
+    report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
+    assert report["passed"] and report["methods"]["dflash-eagle2_pld"]["checked_turns"] == 4

@@ -2,7 +2,8 @@
 
 EAGLE heads (family eagle, a draft vocabulary), a bare EagleModule (kind eagle, the base LM head over the full
 vocabulary), EAGLE-3 heads (family eagle3: the base's taps, its own final norm and LM head) and a small draft model
-(family draft_model) draft through models/shared/autoregressive/proposer.py. As in
+(family draft_model) draft through models/shared/autoregressive/proposer.py, and DFlash (a block in one forward)
+through its own proposer. As in
 tests/test_sampling.py (its helpers), the first three generated tokens under top_k=3 (27 outcomes), the first
 step drafting and verifying a depth-2 tree, are compared with the exact distribution computed from the base
 model's own logits by a chi-square test, for children drawn from the draft's own q (draft="sample") and for its
@@ -136,8 +137,37 @@ def draft_model(setup):
     return heads_drafter(heads, TREE)
 
 
+@pytest.fixture(scope="module")
+def near_unigram_setup():
+    """The bigram base with every token's embedding a shared vector plus half of its own: the next token's
+    distribution varies a little with the last token, so one distribution drafted at every depth of a block (which a
+    DFlash drafter can give: its block holds mask tokens below the root) is close to the base's, not equal."""
+    model, tok, ids, _, _ = make_setup("llama", num_layers=1)
+    layer, emb = model.get_decoder().layers[0], model.get_input_embeddings().weight
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        emb.mul_(0.5).add_(torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(3)))
+    return model, tok, ids, None, first_tokens_distribution(model, ids)
+
+
+def dflash(setup):
+    """A DFlash drafter whose layers add nothing (o_proj and down_proj zero): every block position drafts the base's
+    distribution after the mask token, through the base's final norm and LM head; then perturbed."""
+    model = setup[0]
+    config = HeadsConfig.for_base(model, "dflash", num_heads=3, num_layers=1, share_lm_head=True)
+    heads = build_heads(config, model).eval()
+    with torch.no_grad():
+        for layer in heads.dflash.layers:
+            layer.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    perturb(heads.dflash, 0.3)
+    return heads_drafter(heads, TREE)
+
+
 DRAFTERS = {"eagle_heads": (eagle_heads, "one_layer_setup"), "bare_eagle": (bare_eagle, "one_layer_setup"),
-            "eagle3_heads": (eagle3_heads, "bigram_setup"), "draft_model": (draft_model, "two_layer_setup")}
+            "eagle3_heads": (eagle3_heads, "bigram_setup"), "draft_model": (draft_model, "two_layer_setup"),
+            "dflash": (dflash, "near_unigram_setup")}
 
 
 def draws(setup, drafter, n, draft="sample", seed0=0):
@@ -172,18 +202,21 @@ def test_autoregressive_drafters_sample_the_base_distribution(kind, draft, reque
     assert pvalue > 0.01
 
 
-def test_a_forgotten_q_fails(two_layer_setup, monkeypatch):
-    """Negative control: the draft model's sampled children judged with a uniform q instead of the q they were
-    drawn from (nearly every draft accepted). (Another parent's q is no control here: its top-3 support rarely
+@pytest.mark.parametrize("kind", ["draft_model", "dflash"])
+def test_a_forgotten_q_fails(kind, monkeypatch, request):
+    """Negative control: the draft model's (DFlash's) sampled children judged with a uniform q instead of the q they
+    were drawn from (nearly every draft accepted). (Another parent's q is no control here: its top-3 support rarely
     holds the drawn child, and a child outside q's support ends the walk with a draw from p, which is lossless.)"""
     def uniform_q(self, root, max_depth, draft=TreeDrafter.draft):
         d = draft(self, root, max_depth)
         d.draft_q = (lambda q: lambda node: torch.full_like(q(node), 1.0 / q(node).numel()))(d.draft_q)
         return d
 
+    build, fixture = DRAFTERS[kind]
+    setup = request.getfixturevalue(fixture)
     monkeypatch.setattr(TreeDrafter, "draft", uniform_q)
-    counts, _, _, _ = draws(two_layer_setup, draft_model(two_layer_setup), 300, seed0=50_000)
-    pvalue = chi2_pvalue(counts, two_layer_setup[-1], 300)
+    counts, _, _, _ = draws(setup, build(setup), 300, seed0=50_000)
+    pvalue = chi2_pvalue(counts, setup[-1], 300)
     print(f"uniform q: p = {pvalue:.2g}")
     assert pvalue < 0.01
 

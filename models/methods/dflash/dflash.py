@@ -6,6 +6,7 @@ layers) followed by the block's own, and the block attends to all of them and to
     module = DFlashModule.from_base(model, num_layers=2, block_size=16, seed=0)
     module.taps                               # the base states it reads (models/engine/taps.py indices)
     out = module(features, block_ids, position_ids, cache=cache)   # [B, C, w], [B, Q], [B, C + Q] -> [B, Q, h]
+    drafts = module.unroll(features, input_ids, depths=15)         # a block at every position (calibration)
 
 Per layer, with x the block's hidden states [Q, h] and c = hidden_norm(fc(features)) the context [C, h]:
 
@@ -44,6 +45,18 @@ def dflash_taps(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...
     for the tiny test bases whose L - 3 is below 1."""
     ids = build_target_layer_ids(num_target_layers, num_draft_layers)
     return tuple(min(max(i + 1, 1), num_target_layers) for i in ids)
+
+
+def block_mask(anchors: torch.Tensor, keep: torch.Tensor, T: int, block: int) -> torch.Tensor:
+    """[B, 1, N * block, T + N * block] bool: a block's queries see the context before its anchor (when kept) and
+    their own block."""
+    B, N = anchors.shape
+    q_block = torch.arange(N * block, device=anchors.device) // block                      # [Q]
+    kv = torch.arange(T + N * block, device=anchors.device)
+    anchor_q = anchors[:, q_block]                                                          # [B, Q]
+    context = (kv[None, None] < T) & (kv[None, None] < anchor_q[..., None]) & keep[:, q_block][..., None]
+    own = (kv[None, None] >= T) & ((kv[None, None] - T) // block == q_block[None, :, None])
+    return (context | own)[:, None]
 
 
 class DFlashCache:
@@ -166,3 +179,33 @@ class DFlashModule(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, cos.to(x.dtype), sin.to(x.dtype), cache, i, mask)
         return self.norm(x)
+
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, depths: int, chunk: int = 32) -> list[torch.Tensor]:
+        """The drafts of every position of whole sequences, as decoding drafts them there (calibration's ranks; the
+        autoregressive modules' unroll has the same layout). features [B, T, w] of positions 0..T-1, input_ids
+        [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is block position k + 1 of the whole block rooted at
+        x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk` at a time, each seeing its own
+        context only (block_mask)."""
+        B, T, _ = features.shape
+        bs = self.block_size
+        if not 1 <= depths <= bs - 1:
+            raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {bs - 1} deep, not {depths}")
+        out = [features.new_zeros(B, T - 1, self.norm.weight.shape[0], dtype=self.dtype) for _ in range(depths)]
+        steps = torch.arange(bs, device=features.device)
+        for c in range(0, T - 1, chunk):
+            rows = torch.arange(c, min(c + chunk, T - 1), device=features.device)        # [N]
+            anchors = (rows + 1).expand(B, -1)                                            # [B, N]: the roots
+            N = rows.numel()
+            block = torch.full((B, N, bs), self.mask_token_id, dtype=torch.long, device=features.device)
+            block[..., 0] = input_ids[:, rows + 1]
+            pos = torch.cat([torch.arange(T, device=features.device).expand(B, T),
+                             (anchors[..., None] + steps).view(B, -1)], dim=1)
+            mask = block_mask(anchors, torch.ones_like(anchors, dtype=torch.bool), T, bs)
+            drafted = self(features, block.view(B, -1), pos, mask=mask).view(B, N, bs, -1)
+            for k in range(depths):
+                out[k][:, rows] = drafted[:, :, k + 1]
+        return out
+
+    def readout(self, pred: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads of a drafted position: its output as it is (the final norm is in forward)."""
+        return pred

@@ -1,11 +1,14 @@
 """DFlash's proposer: the whole block below the root drafted in one forward, then each depth's children read off it.
 
-At a draft of depth D below root x_P, the module runs once over the block [x_P, mask x D] at positions P..P+D, its
-keys and values the context's (the base's tapped features of the accepted positions, cached from one draft to the next;
-the ones accepted since the last draft are run with this block) and the block's own. Position d of the block scores the
-token d positions below the root, so every node at depth d - 1 gets the same children, as Medusa's heads give them:
-a chain takes the argmax of each position (the authors' dflash_generate), a tree each position's top-k. After the
-draft the block's keys and values are cropped off, so the cache holds the accepted positions only.
+At a draft of depth D below root x_P, the module runs once over the whole block it was trained on, [x_P, mask x
+(block size - 1)] at positions P.., whatever D is: the block attends to itself both ways, so a shorter block would
+draft other tokens than training and calibration saw (near the length limit the authors' dflash_generate shortens
+it, so there our drafts can differ from theirs, never the output). Its keys and values are the context's (the
+base's tapped features of the accepted positions, cached from one draft to the next; the ones accepted since the
+last draft are run with this block) and the block's own. Its first D drafted positions are read: position d scores
+the token d positions below the root, so every node at depth d - 1 gets the same children, as Medusa's heads give
+them: a chain takes the argmax of each position (the authors' dflash_generate), a tree each position's top-k. After
+the draft the block's keys and values are cropped off, so the cache holds the accepted positions only.
 """
 from __future__ import annotations
 
@@ -59,17 +62,20 @@ class DFlashProposer:
         self.rows = None
         if depth == 0:
             return
-        P = self.held()
+        if depth > self.max_depth:
+            raise ValueError(f"a DFlash block of {self.max_depth + 1} tokens drafts at most {self.max_depth} deep, "
+                             f"not {depth}")
+        P, Q = self.held(), self.module.block_size
         feats = torch.cat([h for h, _ in self.pending]) if self.pending else \
             torch.zeros(0, self.module.fc.in_features, device=self.device)
         first = self.cache.length
-        block = torch.full((1, depth + 1), self.module.mask_token_id, dtype=torch.long, device=self.device)
+        block = torch.full((1, Q), self.module.mask_token_id, dtype=torch.long, device=self.device)
         block[0, 0] = int(root)
-        pos = torch.arange(first, P + depth + 1, device=self.device)[None]                 # context, then block
-        out = self.module(feats[None].to(self.device), block, pos, cache=self.cache)[0]   # [depth + 1, h]
+        pos = torch.arange(first, P + Q, device=self.device)[None]                          # context, then block
+        out = self.module(feats[None].to(self.device), block, pos, cache=self.cache)[0]   # [Q, h]
         self.pending = []
         self.cache.crop(P)                                                                  # the block's rows off
-        self.rows = project(self.linear, out[1:].to(self.linear.weight.dtype))             # [depth, Vd]
+        self.rows = project(self.linear, out[1:depth + 1].to(self.linear.weight.dtype))    # [depth, Vd]
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
         return self.rows[frontier.depth:frontier.depth + 1]                                 # [1, Vd]

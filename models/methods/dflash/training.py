@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from models.methods.dflash.dflash import block_mask
 from models.shared.recipes import Recipe, check_field
 from models.shared.training import IGNORE_INDEX, HeadsModule
 
@@ -46,18 +47,6 @@ def draw_anchors(valid: torch.Tensor, n: int, generator=None) -> tuple[torch.Ten
     anchors, index = order.masked_fill(~keep, T).sort(dim=1)          # the kept ones first, in order
     keep = torch.gather(keep, 1, index)
     return anchors.masked_fill(~keep, 0), keep
-
-
-def block_mask(anchors: torch.Tensor, keep: torch.Tensor, T: int, block: int) -> torch.Tensor:
-    """[B, 1, N * block, T + N * block] bool: a block's queries see the context before its anchor (when kept) and
-    their own block."""
-    B, N = anchors.shape
-    q_block = torch.arange(N * block, device=anchors.device) // block                      # [Q]
-    kv = torch.arange(T + N * block, device=anchors.device)
-    anchor_q = anchors[:, q_block]                                                          # [B, Q]
-    context = (kv[None, None] < T) & (kv[None, None] < anchor_q[..., None]) & keep[:, q_block][..., None]
-    own = (kv[None, None] >= T) & ((kv[None, None] - T) // block == q_block[None, :, None])
-    return (context | own)[:, None]
 
 
 class DFlashFitModule(HeadsModule):
