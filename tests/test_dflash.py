@@ -181,6 +181,49 @@ def test_the_export_holds_the_authors_names_and_config(tmp_path):
         (2, 8, ["DFlashDraftModel"])
 
 
+def test_the_speculators_export_is_its_dflash_type_and_eagle3s_stays_its_own(tmp_path):
+    """export.format=speculators writes DFlash heads as the library's `dflash` type: the authors' tensor names, with
+    a draft vocabulary its LM head rows and d2t/t2d, the taps as aux_hidden_state_layer_ids (layer id + 1, as the
+    library's converter maps the authors' ids), block size - 1 greedy tokens; EAGLE-3's heads still write its
+    eagle3 type through the same format name, and Medusa's are refused with the reason."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from models.methods import export_heads
+    from models.shared.draft_vocab import most_frequent
+
+    model, _ = build_tiny_model("llama", num_layers=8, seed=0)
+    heads = dflash_heads(model, block=16, layers=2)
+    export_heads(heads, model, tmp_path / "full", "speculators")
+    state = load_file(str(tmp_path / "full" / "model.safetensors"))
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert "lm_head.weight" not in state and "d2t" not in state and "fc.weight" in state
+    assert "layers.0.self_attn.q_norm.weight" in state
+    assert (config["speculators_model_type"], config["architectures"], config["block_size"]) == \
+        ("dflash", ["DFlashSpeculator"], 16)
+    assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in heads.dflash.target_layer_ids] == [2, 6]
+    assert config["mask_token_id"] == heads.dflash.mask_token_id and not config["sample_from_anchor"]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 15
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == 2 and "dflash_config" not in layer
+
+    ids = most_frequent(torch.arange(model.config.vocab_size, 0, -1), 100)
+    config = HeadsConfig.for_base(model, "dflash", num_heads=15, num_layers=2, share_lm_head=True,
+                                  draft_vocab_size=100)
+    small = build_heads(config, model, ids).eval()
+    export_heads(small, model, tmp_path / "draft_vocab", "speculators")
+    state = load_file(str(tmp_path / "draft_vocab" / "model.safetensors"))
+    assert torch.equal(state["lm_head.weight"], model.get_output_embeddings().weight[ids])
+    assert state["t2d"].sum() == 100 and torch.equal(torch.arange(100) + state["d2t"], ids.sort().values)
+    eagle3 = build_heads(HeadsConfig.for_base(model, "eagle3", num_heads=2, share_lm_head=False), model)
+    export_heads(eagle3, model, tmp_path / "eagle3", "speculators")
+    assert json.loads((tmp_path / "eagle3" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    medusa = build_heads(HeadsConfig.for_base(model, "medusa", num_heads=2), model)
+    with pytest.raises(ValueError, match="no layout"):
+        export_heads(medusa, model, tmp_path / "medusa", "speculators")
+
+
 @pytest.fixture(scope="module")
 def golden():
     import json

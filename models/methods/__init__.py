@@ -96,8 +96,8 @@ def load_for_decoding(folder: str | Path, base, keep_base: bool = False, bf16_he
 
 
 def known_formats() -> dict[str, formats.Format]:
-    """Every method's formats by name, in METHODS' order (a format two methods list once)."""
-    return {f.name: f for m in METHODS for f in m.formats}
+    """Every method's formats by name, in METHODS' order (a format two methods list: one, holding both; formats.by_name)."""
+    return formats.by_name(f for m in METHODS for f in m.formats)
 
 
 def export_heads(heads: DraftHeads, base_model, folder: str | Path, fmt: str, has_adapter: bool = False) -> dict:

@@ -68,3 +68,12 @@ def index_in_draft(draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     index = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_ids.device)
     index[draft_ids] = torch.arange(draft_ids.numel(), device=draft_ids.device)
     return index
+
+
+def vocab_maps(draft_ids: torch.Tensor | None, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t int64 [Vd], t2d bool [V]): draft index i is token i + d2t[i]; t2d marks the draft ids. The full
+    vocabulary (None) is Vd = V with d2t zeros and t2d all true."""
+    ids = torch.arange(vocab_size) if draft_ids is None else draft_ids.detach().long().cpu()
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(ids.numel()), t2d

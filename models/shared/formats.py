@@ -21,9 +21,11 @@ export_heads / import_heads over a given set of formats and what the writers and
 - eagle3: vLLM's and SGLang's EAGLE-3 loaders (models/methods/eagle/eagle3_format.py): `model.safetensors` (fc, midlayer.*,
   norm, lm_head over the draft vocabulary, d2t, t2d) and `config.json` (LlamaForCausalLMEagle3, one layer,
   draft_vocab_size, the tapped layers in each loader's convention).
-- speculators: the speculators library's EAGLE-3 checkpoint, which vLLM serves as it is (models/shared/
-  speculators_format.py): eagle3's tensors with layers.0.* and embed_tokens, config.json an Eagle3SpeculatorConfig.
-  Written only (no import).
+- speculators: the speculators library's checkpoints, which vLLM serves as they are, written only (no import):
+  EAGLE-3's (models/methods/eagle/speculators_format.py: eagle3's tensors with layers.0.* and embed_tokens,
+  config.json an Eagle3SpeculatorConfig) and DFlash's (models/methods/dflash/speculators_format.py: the authors'
+  tensor names, config.json a DFlashSpeculatorConfig).
+- dflash: the authors' DFlash code (models/methods/dflash/dflash_format.py).
 
 What a format cannot hold is refused with the reason, never written approximately; what it holds differently is
 listed in the report's notes. The authors' loaders read with strict=False, so a file here has every key they build.
@@ -54,6 +56,30 @@ class Format:
     write: Callable
     read: Callable | None = None
     why_not: str | None = None
+
+
+def by_name(formats) -> dict[str, Format]:
+    """Formats by name, in order. Where methods list formats of one name (speculators: EAGLE-3's layout and
+    DFlash's), one Format holds all their families and writes (reads) each family with its own method's code."""
+    groups: dict[str, list[Format]] = {}
+    for f in formats:
+        group = groups.setdefault(f.name, [])
+        if not any(f is g for g in group):            # one Format two methods list (hydra, hydra_pp): once
+            group.append(f)
+    return {name: group[0] if len(group) == 1 else _joined(group) for name, group in groups.items()}
+
+
+def _joined(group: list[Format]) -> Format:
+    def own(heads_or_family):
+        family = heads_or_family if isinstance(heads_or_family, str) else heads_or_family.config.family
+        return next(f for f in group if family in f.families)
+
+    readers = [f for f in group if f.read is not None]
+    if len(readers) > 1:
+        raise ValueError(f"format {group[0].name!r} is read by {len(readers)} methods' code; only one may read it")
+    return Format(group[0].name, tuple(fam for f in group for fam in f.families),
+                  lambda heads, base_model, folder: own(heads).write(heads, base_model, folder),
+                  readers[0].read if readers else None, group[0].why_not)
 
 
 def _check_exportable(heads: DraftHeads, fmt: str, formats: dict[str, Format], has_adapter: bool) -> None:

@@ -5,13 +5,15 @@ forward, the base's features from several of its layers injected into every laye
 - family.py: its family and heads module (`heads.dflash`, the base's LM head shared);
 - proposer.py: how it drafts (one forward a step; each position's top-k for a tree, its argmax for a chain);
 - training.py: the block recipe (anchors, masked blocks, position-weighted cross-entropy);
-- dflash_format.py: the authors' files (DFlashDraftModel.from_pretrained).
+- dflash_format.py: the authors' files (DFlashDraftModel.from_pretrained);
+- speculators_format.py: the speculators library's `dflash` checkpoint (export.format=speculators).
 """
 from models.methods.dflash.dflash_format import DFLASH_FORMAT
 from models.methods.dflash.family import DFlash
 from models.methods.dflash.proposer import DFlashProposer
+from models.methods.dflash.speculators_format import SPECULATORS_DFLASH_FORMAT
 from models.methods.dflash.training import DFlashFitModule
 from models.shared.method import Method, RecipeKind
 
 DFLASH = Method(name="dflash", family=DFlash(), proposer=DFlashProposer,
-                recipes=(RecipeKind("dflash", DFlashFitModule),), formats=(DFLASH_FORMAT,))
+                recipes=(RecipeKind("dflash", DFlashFitModule),), formats=(DFLASH_FORMAT, SPECULATORS_DFLASH_FORMAT))

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.shared import HeadsConfig, check_compatible
+from models.shared.draft_vocab import vocab_maps
 from models.methods.eagle.eagle_format import check_embedding, check_keys, require_files
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -62,15 +63,6 @@ def _lm_head(heads) -> torch.Tensor:
     if bias is not None and bool((bias != 0).any()):
         raise ValueError("the LM head has a non-zero bias; the loaders' EAGLE-3 lm_head has none")
     return linear.weight.detach()
-
-
-def vocab_maps(draft_ids: torch.Tensor | None, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t int64 [Vd], t2d bool [V]): draft index i is token i + d2t[i]; t2d marks the draft ids. The full
-    vocabulary (None) is Vd = V with d2t zeros and t2d all true."""
-    ids = torch.arange(vocab_size) if draft_ids is None else draft_ids.detach().long().cpu()
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    return ids - torch.arange(ids.numel()), t2d
 
 
 def eagle3_state(heads) -> dict[str, torch.Tensor]:

@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from models.base import model_name
 from models.methods.eagle.eagle3_format import eagle3_config, eagle3_state
+from models.shared.speculators import SPECULATORS_VERSION, check_taps, verifier_of
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
-SPECULATORS_VERSION = "0.9.0"          # the library whose config classes this file follows (make interop)
 # transformers' own attention, which runs anywhere without torch.compile; the library's default, flex attention,
 # falls back on a CPU to an unfused kernel with a warning (make interop: the same logits within 7.2e-7)
 ATTN_IMPLEMENTATION = "sdpa"
@@ -53,14 +52,6 @@ def speculators_state(heads, base_model) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
-    """speculators' loader takes distinct hidden-states indices in [0, L]: refuse others, naming them."""
-    if len(set(taps)) != len(taps) or min(taps) < 0 or max(taps) > num_layers:
-        raise ValueError(f"taps {list(taps)} on a {num_layers}-layer base: speculators' loader takes distinct "
-                         f"hidden-states indices in [0, {num_layers}] (a base of fewer than 7 layers repeats one; "
-                         "export it with format=eagle3)")
-
-
 def layer_config(heads, base_config, dtype: torch.dtype) -> dict:
     """transformer_layer_config: eagle3_format's one-layer Llama config of the base's sizes, its rotary settings
     as transformers 5 nests them (rope_parameters) and as 4.x reads them (rope_theta, rope_scaling), and
@@ -71,15 +62,6 @@ def layer_config(heads, base_config, dtype: torch.dtype) -> dict:
     config.setdefault("head_dim", base_config.hidden_size // base_config.num_attention_heads)
     return {**config, "architectures": ["LlamaForCausalLM"], "rope_parameters": rope,
             "attn_implementation": ATTN_IMPLEMENTATION, "dtype": str(dtype).removeprefix("torch.")}
-
-
-def verifier_of(base_model) -> dict:
-    """speculators_config.verifier: the base by name, or by absolute path when the name is a local folder (vLLM
-    and the library load the verifier from it)."""
-    name = model_name(base_model)
-    path = Path(name)
-    architectures = list(getattr(base_model.config, "architectures", None) or [type(base_model).__name__])
-    return {"name_or_path": str(path.resolve()) if path.is_dir() else name, "architectures": architectures}
 
 
 def speculators_config(heads, base_model, dtype: torch.dtype, verifier: dict | None = None) -> dict:
