@@ -30,7 +30,7 @@ def forward_check(model, inputs: str) -> dict:
 
 def steps_of(prompt: list[int], output: list[int], drafts: list[list[int]]) -> list[dict]:
     """Each step's drafts and the tokens it produced (the accepted drafts and the bonus), read off the output."""
-    steps, start = [], len(prompt) - 1                        # output[start] is the step's root
+    steps, start = [], len(prompt)             # output[start] is the step's root: the first, the prefill's token
     for d in drafts:
         accepted = 0
         while accepted < len(d) and start + 1 + accepted < len(output) and output[start + 1 + accepted] == d[accepted]:

@@ -34,6 +34,14 @@ from pipelines.common import REPO_ROOT
 PROMPT_FIELDS = ("question_id", "category", "ids")      # what a golden file keeps of a prompt
 
 
+# the speculators library's own environment (make interop, make dflash-check): never a dependency of the project
+SPECULATORS_VENV = REPO_ROOT / ".venv-speculators"
+SPECULATORS_PACKAGES = (["torch==2.13.0"],
+                        ["transformers==5.19.0", "hs-connectors", "datasets<=5.1.0", "pydantic-settings", "loguru",
+                         "openai", "psutil", "protobuf", "httpx", "aiohttp"],
+                        ["--no-deps", "speculators==0.9.0"])
+
+
 def official_env(venv: Path, installs: tuple[list[str], ...]) -> Path:
     """The conformance environment's python, built on first use (pip from the package index, one install per
     list of `installs`)."""

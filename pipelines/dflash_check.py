@@ -1,4 +1,4 @@
-"""python -m pipelines.dflash_check     (make dflash-check)     [--seed 0 --layers 2 --block 16]
+"""python -m pipelines.dflash_check     (make dflash-check)     [--seed 0 --layers 2 --block 16 --fit-steps 12]
 
 DFlash's export read by the authors' own code: a seeded DFlash drafter on an 8-layer tiny Llama is written with
 export.format=dflash (models/methods/dflash/dflash_format.py), and the authors' package, in its own environment
@@ -6,14 +6,20 @@ export.format=dflash (models/methods/dflash/dflash_format.py), and the authors' 
 never a dependency of the project), loads it with DFlashDraftModel.from_pretrained and runs its forward
 (conformance/official_dflash.py) on the same context features, block and positions as ours; then the authors'
 dflash_generate decodes a few prompts greedily on the same base and drafter, and our decoder decodes them with the
-drafter on a chain of block - 1 drafts. Passes when their block outputs equal ours within 1e-5, the layer ids, block
-size and mask token are ours, and every step drafts the same block and produces the same tokens; writes
-reports/dflash_check.json and the authors' steps to tests/golden/dflash_conformance.json (which tests/test_dflash.py
+drafter on a chain of block - 1 drafts; then the same for a copy fitted to the base's greedy continuations of those
+prompts (models/methods/dflash/seeded.py: some of its drafts accepted); then that copy is written with
+export.format=speculators and the speculators library (.venv-speculators, conformance/speculators_dflash.py) loads
+it and runs its anchored-block forward. Passes when the authors' block outputs equal ours within 1e-5, the layer
+ids, block size and mask token are ours, every whole-block step of both drafters drafts the same block and produces
+the same tokens (near the length limit, the outputs: compare()), the fitted drafter is accepted at some step, and
+the library loads every key and gives our logits within 1e-5 with the same argmax; writes reports/dflash_check.json
+and the authors' steps for the seeded drafter to tests/golden/dflash_conformance.json (which tests/test_dflash.py
 replays without the package), and exits non-zero when a check fails.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -22,36 +28,24 @@ from pathlib import Path
 
 import torch
 
-from models.base import build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafting import heads_drafter
+from models.engine.taps import final_and_taps
 from models.engine.trees import chain_tree
-from models.methods import build_heads, export_heads
-from models.shared import HeadsConfig
+from models.methods import export_heads
+from models.methods.dflash.seeded import fit_to_greedy, seeded
 from pipelines.common import REPO_ROOT, write_json
-from pipelines.conformance_harness import official_env
+from pipelines.conformance_harness import SPECULATORS_PACKAGES, SPECULATORS_VENV, official_env
 
 VENV = REPO_ROOT / ".venv-dflash"
 PACKAGES = (["torch==2.13.0"], ["transformers==5.15.0", "safetensors"], ["--no-deps", "dflash==0.1.0"])
 RUNNER = REPO_ROOT / "conformance" / "official_dflash.py"
+SPECULATORS_RUNNER = REPO_ROOT / "conformance" / "speculators_dflash.py"
 REPORT = REPO_ROOT / "reports" / "dflash_check.json"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "dflash_conformance.json"
 PROMPTS = 3                 # random prompts of 12 tokens
 NEW_TOKENS = 40
 TOLERANCE = 1e-5
-
-
-def seeded(seed: int, layers: int, block: int):
-    """(base, heads): the tiny base and a DFlash drafter whose every parameter is drawn from torch.Generator(seed)."""
-    model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
-    heads = build_heads(config, model).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in sorted(heads.dflash.named_parameters()):
-            draw = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * draw if p.dim() == 1 else draw / p.shape[-1] ** 0.5)
-    return model, heads
 
 
 def our_steps(model, heads, prompts: list[list[int]], new_tokens: int) -> list[dict]:
@@ -68,29 +62,103 @@ def our_steps(model, heads, prompts: list[list[int]], new_tokens: int) -> list[d
     return out
 
 
-def same_step(x: dict, y: dict, full: int) -> bool:
-    """The same tokens produced, and the same drafts where both drafted a whole block of `full` drafts. Near the
-    length limit the blocks differ in length (our decoder drafts as many as can be emitted, the authors' one more),
-    and a block's length changes every position's draft (the block attends to itself both ways): those steps are
-    compared by what they produce."""
-    same_drafts = x["drafts"] == y["drafts"] if len(x["drafts"]) == len(y["drafts"]) == full else True
-    return x["produced"] == y["produced"] and same_drafts
-
-
 def compare(ours: list[dict], theirs: list[dict], full: int) -> dict:
-    """Steps compared, and the first that differs (its drafts or the tokens it produced) or an output that does."""
-    compared, first = 0, None
+    """Each prompt's steps compared while both sides draft a whole block of `full` drafts (the same drafts and the
+    same tokens produced), then its output. Near the length limit the authors' dflash_generate shortens the block
+    (to the positions left, one more than can be emitted) and ours drafts the whole trained block and reads what can
+    be emitted; a block's length changes every position's draft (it attends to itself both ways), so from there on
+    a prompt is compared by its output tokens (tail_steps)."""
+    compared, tail, first = 0, 0, None
     for q, (a, b) in enumerate(zip(ours, theirs)):
         if a["output_tokens"] != b["output_tokens"] and first is None:
             first = {"prompt": q, "output": True}
         for s, (x, y) in enumerate(zip(a["steps"], b["steps"])):
+            if len(x["drafts"]) != full or len(y["drafts"]) != full:
+                tail += len(a["steps"][s:])
+                break
             compared += 1
-            if not same_step(x, y, full) and first is None:
+            if x != y and first is None:
                 first = {"prompt": q, "step": s, "ours": x, "theirs": y}
-    blocks = sum(len(s["drafts"]) == full for p in theirs for s in p["steps"])
-    return {"steps_compared": compared, "whole_blocks_compared": blocks, "identical": first is None,
-            "first_mismatch": first,
-            "steps_accepting_drafts": sum(s["produced"] > 1 for p in theirs for s in p["steps"])}
+    return {"steps_compared": compared, "tail_steps": tail, "identical": first is None, "first_mismatch": first,
+            "steps_accepting_drafts": sum(s["produced"] > 1 for p in theirs for s in p["steps"]
+                                          if len(s["drafts"]) == full)}
+
+
+def authors_forward(model, heads, work: Path, g: torch.Generator) -> dict:
+    """Our export loaded by the authors' DFlashDraftModel; its block outputs against ours on random context features."""
+    module, C, Q = heads.dflash, 12, heads.dflash.block_size
+    features = torch.randn(1, C, module.fc.in_features, generator=g)
+    block = torch.full((1, Q), module.mask_token_id)
+    block[0, 0] = 7
+    pos = torch.arange(C + Q)[None]
+    with torch.no_grad():
+        ours = module(features, block, pos)
+    export_heads(heads, model, work / "draft", "dflash")
+    torch.save({"target_hidden": features, "noise_embedding": module.embed(block), "position_ids": pos,
+                "ours": ours}, work / "inputs.pt")
+    out = subprocess.run([str(official_env(VENV, PACKAGES)), str(RUNNER), "--draft", str(work / "draft"),
+                          "--inputs", str(work / "inputs.pt")], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def authors_steps(model, heads, work: Path, name: str, prompts: list[list[int]]) -> tuple[dict, list]:
+    """dflash_generate on the prompts with `heads` exported to work/name, against our decoder step by step ->
+    (the comparison, the authors' steps); the base is read from work/target."""
+    export_heads(heads, model, work / name, "dflash")
+    run = subprocess.run([str(official_env(VENV, PACKAGES)), str(RUNNER), "--draft", str(work / name), "--target",
+                          str(work / "target"), "--prompts", str(work / "prompts.json"), "--new-tokens",
+                          str(NEW_TOKENS)], check=True, capture_output=True, text=True)
+    official = json.loads(run.stdout.strip().splitlines()[-1])["prompts"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return compare(our_steps(model, heads, prompts, NEW_TOKENS), official, heads.dflash.block_size - 1), official
+    finally:
+        torch.set_num_threads(before)
+
+
+def trained(model, heads, prompts: list[list[int]], steps: int):
+    """A copy of `heads` fitted to the base's greedy continuations of the prompts (seeded.fit_to_greedy), so that
+    the authors' decoding is compared where drafts get accepted too."""
+    sequences = [p + generate(model, None, p, max_new_tokens=NEW_TOKENS, stop_token_ids=[]).new_tokens
+                 for p in prompts]
+    torch.manual_seed(0)
+    return fit_to_greedy(model, copy.deepcopy(heads), sequences, steps)
+
+
+def speculators_check(model, heads, work: Path, prompt: list[int]) -> dict:
+    """export.format=speculators loaded by the speculators library (conformance/speculators_dflash.py, in its own
+    environment): its loading report, and its logits at every block position of every anchor against ours."""
+    module, h = heads.dflash, model.config.hidden_size
+    export_heads(heads, model, work / "speculators", "speculators")
+    ids = torch.tensor(prompt)[None]
+    with torch.no_grad():
+        feats = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(len(prompt))[None])
+        feats = feats[..., h:]
+        ours = torch.stack([heads.lm_head(0, d[0]) for d in module.unroll(feats, ids, module.block_size - 1)], 1)
+    torch.save({"hidden_states": feats, "input_ids": ids}, work / "speculators_inputs.pt")
+    subprocess.run([str(official_env(SPECULATORS_VENV, SPECULATORS_PACKAGES)), str(SPECULATORS_RUNNER), "--draft",
+                    str(work / "speculators"), "--inputs", str(work / "speculators_inputs.pt"), "--out",
+                    str(work / "speculators.json")], check=True)
+    result = json.loads((work / "speculators.json").read_text())
+    anchors = [a for a in result["anchors"] if a >= 1]             # ours: row a - 1 (anchor 0 has no context)
+    theirs = torch.tensor(result["logits"])[[result["anchors"].index(a) for a in anchors], 1:]
+    mine = ours[[a - 1 for a in anchors]]
+    report = result["loading_report"]
+    return {"versions": result["versions"], "model_class": result["model_class"],
+            "missing_keys": report["missing_keys"], "unexpected_keys": report["unexpected_keys"],
+            "mismatched_keys": report["mismatched_keys"], "file_keys_not_in_model": result["file_keys_not_in_model"],
+            "file_tensors_loaded_unchanged": result["file_tensors_loaded_unchanged"], "anchors": len(anchors),
+            "max_abs_logit_difference": float((theirs - mine).abs().max()),
+            "same_argmax": int((theirs.argmax(-1) == mine.argmax(-1)).sum()), "positions": mine.shape[0] * mine.shape[1]}
+
+
+def speculators_passed(v: dict) -> bool:
+    # the library fills the embedding and a full-vocabulary LM head from the verifier: those two may be "missing"
+    filled = {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+    return (not set(v["missing_keys"]) - filled and not v["unexpected_keys"] and not v["mismatched_keys"]
+            and not v["file_keys_not_in_model"] and v["file_tensors_loaded_unchanged"]
+            and v["max_abs_logit_difference"] <= TOLERANCE and v["same_argmax"] == v["positions"])
 
 
 def main(argv=None) -> dict:
@@ -98,45 +166,38 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--fit-steps", type=int, default=12, help="Adam steps of the trained drafter (12: some of its "
+                    "drafts accepted, most rejected)")
     args = ap.parse_args(argv)
     model, heads = seeded(args.seed, args.layers, args.block)
     module = heads.dflash
     g = torch.Generator().manual_seed(args.seed + 1)
-    C, Q = 12, args.block
-    features = torch.randn(1, C, module.fc.in_features, generator=g)
-    block = torch.full((1, Q), module.mask_token_id)
-    block[0, 0] = 7
-    pos = torch.arange(C + Q)[None]
-    with torch.no_grad():
-        ours = module(features, block, pos)
     work = Path(tempfile.mkdtemp(prefix="dflash-check-"))
-    export_heads(heads, model, work / "draft", "dflash")
-    torch.save({"target_hidden": features, "noise_embedding": module.embed(block), "position_ids": pos,
-                "ours": ours}, work / "inputs.pt")
-    out = subprocess.run([str(official_env(VENV, PACKAGES)), str(RUNNER), "--draft", str(work / "draft"),
-                          "--inputs", str(work / "inputs.pt")], check=True, capture_output=True, text=True)
-    theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    theirs = authors_forward(model, heads, work, g)
     prompts = torch.randint(model.config.vocab_size - 1, (PROMPTS, 12), generator=g).tolist()
     model.save_pretrained(work / "target")
+    model.config.name_or_path = str(work / "target")               # the verifier speculators loads
     (work / "prompts.json").write_text(json.dumps(prompts))
-    run = subprocess.run([str(official_env(VENV, PACKAGES)), str(RUNNER), "--draft", str(work / "draft"), "--target",
-                          str(work / "target"), "--prompts", str(work / "prompts.json"), "--new-tokens",
-                          str(NEW_TOKENS)], check=True, capture_output=True, text=True)
-    official = json.loads(run.stdout.strip().splitlines()[-1])["prompts"]
-    torch.set_num_threads(1)
-    steps = compare(our_steps(model, heads, prompts, NEW_TOKENS), official, module.block_size - 1)
-    verdict = {**theirs, "steps": steps, "ours": {"target_layer_ids": module.target_layer_ids, "block_size": module.block_size,
-                                  "mask_token_id": module.mask_token_id},
+    steps, official = authors_steps(model, heads, work, "draft", prompts)
+    fitted = trained(model, heads, prompts, args.fit_steps)
+    trained_steps, _ = authors_steps(model, fitted, work, "trained", prompts)
+    speculators = speculators_check(model, fitted, work, sum(prompts, []))       # 36 tokens: 20 whole blocks
+    verdict = {**theirs, "steps": steps, "trained_steps": trained_steps, "speculators": speculators,
+               "ours": {"target_layer_ids": module.target_layer_ids, "block_size": module.block_size,
+                        "mask_token_id": module.mask_token_id},
                "tolerance": TOLERANCE, "settings": vars(args), "packages": [a for s in PACKAGES for a in s]}
     verdict["passed"] = (theirs["max_abs_diff"] <= TOLERANCE and theirs["target_layer_ids"] == module.target_layer_ids
                          and theirs["block_size"] == module.block_size
-                         and theirs["mask_token_id"] == module.mask_token_id and steps["identical"])
+                         and theirs["mask_token_id"] == module.mask_token_id and steps["identical"]
+                         and trained_steps["identical"] and trained_steps["steps_accepting_drafts"] > 0
+                         and speculators_passed(speculators))
     write_json(REPORT, verdict)
     if verdict["passed"]:
         write_json(GOLDEN, {"about": "the authors' dflash_generate (dflash 0.1.0, greedy) on a seeded DFlash drafter "
                                      "and an 8-layer tiny Llama: each step's drafted block and produced tokens; "
                                      "written by `make dflash-check`",
-                            **vars(args), "new_tokens": NEW_TOKENS, "prompts": prompts, "official": official})
+                            **{k: v for k, v in vars(args).items() if k != "fit_steps"}, "new_tokens": NEW_TOKENS,
+                            "prompts": prompts, "official": official})
     print(json.dumps(verdict, indent=2))
     return verdict
 

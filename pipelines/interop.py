@@ -27,13 +27,10 @@ from models.methods import export_heads
 from models.methods.eagle.interop import BASE, DEPTHS, DRAFT_VOCAB, draft_inputs, draft_logits, interop_base, \
     seeded_eagle3_heads
 from pipelines.common import REPO_ROOT
+from pipelines.conformance_harness import SPECULATORS_PACKAGES as PACKAGES
+from pipelines.conformance_harness import SPECULATORS_VENV as VENV
 from pipelines.conformance_harness import official_env
 
-VENV = REPO_ROOT / ".venv-speculators"
-PACKAGES = (["torch==2.13.0"],
-            ["transformers==5.19.0", "hs-connectors", "datasets<=5.1.0", "pydantic-settings", "loguru", "openai",
-             "psutil", "protobuf", "httpx", "aiohttp"],
-            ["--no-deps", "speculators==0.9.0"])
 RUNNER = REPO_ROOT / "conformance" / "speculators_draft.py"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "speculators_interop.json"
 TOLERANCE = 1e-5

@@ -1,0 +1,66 @@
+"""A DFlash export run by the speculators library itself (PyPI speculators==0.9.0, unchanged), for `make dflash-check`
+(pipelines/dflash_check.py). Runs ONLY in .venv-speculators (pipelines/interop.py builds it), never in the project's.
+
+    .venv-speculators/bin/python conformance/speculators_dflash.py --draft D --inputs I.pt --out O.json
+
+D: a folder written by export.format=speculators from DFlash heads, its verifier a folder with the base's weights;
+I: {"hidden_states": [1, T, w] the base's taps, "input_ids": [1, T]}. It loads D with transformers' from_pretrained
+on the class the library registers (its loading report) and with SpeculatorModel.from_pretrained (which fills the
+embedding and LM head from the verifier), then runs the library's anchored-block forward
+(DFlashDraftModel._backbone_forward) with max_anchors = T, so that its random choice takes every position that
+leaves a whole block; the anchors and the logits of every block position go to O, with every file tensor compared
+to the loaded model's.
+"""
+import argparse
+import json
+from importlib.metadata import version
+
+import torch
+from safetensors.torch import load_file
+from speculators import SpeculatorModel, SpeculatorModelConfig
+from transformers import PreTrainedModel
+
+
+def loading_report(draft: str) -> dict:
+    config = SpeculatorModelConfig.from_pretrained(draft)
+    cls = SpeculatorModel.registered_model_class_from_config(config)
+    _, info = PreTrainedModel.from_pretrained.__func__(cls, draft, config=config, output_loading_info=True)
+    return {"class": cls.__name__, **{k: sorted(v) for k, v in info.items() if k in (
+        "missing_keys", "unexpected_keys", "mismatched_keys")}}
+
+
+def run(draft: str, inputs: dict) -> dict:
+    model = SpeculatorModel.from_pretrained(draft).eval()
+    hidden, ids = inputs["hidden_states"].float(), inputs["input_ids"]
+    T, h = ids.shape[1], model.config.transformer_layer_config.hidden_size
+    with torch.no_grad():
+        out = model._backbone_forward(hidden_states=hidden, input_ids=ids, loss_mask=torch.ones(1, T),
+                                      verifier_last_hidden_states=torch.zeros(1, T, h),
+                                      document_ids=torch.zeros(1, T, dtype=torch.long), max_anchors=T)
+    n = T - model.block_size                           # the positions it can draw (then 0s, marked invalid)
+    logits, anchors = out[1][0].view(T, model.block_size, -1)[:n], out[4].view(T, model.block_size)[:n, 0]
+    state, file = model.state_dict(), load_file(f"{draft}/model.safetensors")
+    ignored = sorted(type(model)._keys_to_ignore_on_save)
+    return {"anchors": anchors.tolist(), "logits": logits.tolist(),
+            "model_class": type(model).__name__,
+            "attn_implementation": model.config.transformer_layer_config._attn_implementation,
+            "file_keys_not_in_model": sorted(set(file) - set(state)),
+            "file_tensors_loaded_unchanged": all(torch.equal(state[k], v) for k, v in file.items() if k in state),
+            "config": model.config.to_dict()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    result = {"versions": {p: version(p) for p in ("speculators", "transformers", "torch")},
+              "loading_report": loading_report(args.draft),
+              **run(args.draft, torch.load(args.inputs, weights_only=True))}
+    with open(args.out, "w") as f:
+        json.dump(result, f, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""DFlash drafters for the conformance checks (make dflash-check) and the tests: one drawn from a seed, and one fitted
+to a base's greedy continuations so that its drafts get accepted (the authors' decoding is then compared on the
+accepting path too, not only on rejections).
+
+    model, heads = seeded(seed=0, layers=2, block=16)          # an 8-layer tiny Llama and a drafter on it
+    fit_to_greedy(model, heads, sequences, steps=60)           # every block position to the base's greedy token
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.base import build_tiny_model
+from models.engine.taps import final_and_taps
+from models.methods.dflash import DFLASH
+from models.shared.draft_heads import HeadsConfig, build_heads
+
+
+def seeded(seed: int, layers: int, block: int):
+    """(base, heads): the tiny base and a DFlash drafter whose every parameter is drawn from torch.Generator(seed)."""
+    model, _ = build_tiny_model("llama", num_layers=8, seed=0)
+    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    heads = build_heads(config, DFLASH, model).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(heads.dflash.named_parameters()):
+            draw = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * draw if p.dim() == 1 else draw / p.shape[-1] ** 0.5)
+    return model, heads
+
+
+def fit_to_greedy(model, heads, sequences: list[list[int]], steps: int, lr: float = 3e-3, depths: int | None = None):
+    """Adam on the drafter alone: at every position of each sequence, block position k + 1 (DFlashModule.unroll) to
+    the base's greedy token k + 1 below the root, unweighted cross-entropy; the heads are left in eval mode."""
+    module, h = heads.dflash, model.config.hidden_size
+    depths = depths or module.block_size - 1
+    data = []
+    with torch.no_grad():
+        for s in sequences:
+            ids = torch.tensor(s)[None]
+            both = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(len(s))[None])
+            data.append((ids, both[..., h:], model.get_output_embeddings()(both[..., :h])[0].argmax(-1)))
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    module.train()
+    for _ in range(steps):
+        loss = 0.0
+        for ids, feats, greedy in data:
+            T = ids.shape[1]
+            for k, d in enumerate(module.unroll(feats, ids, depths)):      # row r scores x_{r+k+2} = greedy[r+k+1]
+                r = torch.arange(max(T - 2 - k, 0))
+                if r.numel():
+                    loss = loss + F.cross_entropy(heads.lm_head(0, d[0, r]), greedy[r + k + 1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    heads.eval()
+    return heads
