@@ -219,12 +219,33 @@ def _sps_row(run: dict | None) -> dict | None:
                 v, reason if v != "reproduced" else "")
 
 
+DFLASH_PUBLISHED = ("4.24 vs 2.83 accepted: 1.50x; 2.75x vs 1.63x: 1.69x (DFlash paper, Qwen3-8B, MT-Bench, greedy, "
+                    "H200; EAGLE-3 on a 16-token tree)")
+DFLASH_PAIR = ("dflash-optimal", "eagle3-optimal")      # each on the tree calibrated for this machine
+VERDICT_ORDER = ("reversed", "not reproduced", "smaller here", "reproduced")
+
+
+def _dflash_row(summary: dict) -> dict | None:
+    """DFlash against EAGLE-3, both on their calibrated trees, paired by question: accepted length and speed, each
+    judged at its published size; the row's verdict is the weaker of the two."""
+    a, b = DFLASH_PAIR
+    speed, acc = compare(summary, a, b, "speedup"), compare(summary, a, b, "accept_length")
+    if not (speed and speed["interval"] and acc and acc["interval"]):
+        return None
+    verdicts = {"accepted length": _verdict(*acc["interval"], 1.50), "speed": _verdict(*speed["interval"], 1.69)}
+    verdict = min(verdicts.values(), key=VERDICT_ORDER.index)
+    reason = "; ".join(f"{what}: {v}" for what, v in verdicts.items() if v != "reproduced")
+    return _row("DFlash accepts more than EAGLE-3, and runs faster", DFLASH_PUBLISHED,
+                f"accepted {describe(acc)}; speed {describe(speed)} ({a} / {b})", verdict, reason)
+
+
 def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                single_runs: dict[str, dict] | None = None) -> list[dict]:
     """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out);
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
     `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
-    EAGLE claims; EAGLE-2's is judged by eagle-dynamic_optimal against eagle-optimal (one run)."""
+    EAGLE claims; EAGLE-2's is judged by eagle-dynamic_optimal against eagle-optimal (one run), DFlash's by
+    dflash-optimal against eagle3-optimal."""
     train, why = train or {}, functools.partial(_accept_reason, summary)
     rows = [_medusa1_row(summary, latency), _medusa2_row(summary, train, (single_runs or {}).get("medusa2-optimal"))]
     c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
@@ -244,6 +265,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     rows += _eagle_rows(single_runs or {}, summary)
     rows.append(_eagle2_row(summary, single_runs or {}))
     rows.append(_sps_row((single_runs or {}).get(SPS_RUN) or _plain(summary)))
+    rows.append(_dflash_row(summary))
     return [r for r in rows if r is not None]
 
 

@@ -23,6 +23,7 @@ from analysis.published import published_value
 # EAGLE-2 and EAGLE-3 rebuild a 60-token tree every step (docs/reference.md, trees). Medusa-2 decodes as
 # Medusa-1 does (its LoRA merged into the base). The EAGLE-3 paper gives no Vicuna-7B row: its LLaMA-3.1-8B one is
 # the nearest to a 7B shape. Vicuna-7B rows come from the paper of the method, EAGLE and EAGLE-2 from Spec-Bench.
+# DFlash verifies its block of 16 as a chain (15 drafts and the root): its paper's Qwen3-8B row.
 PUBLISHED_STEPS = [
     ("medusa1", "medusa", "Vicuna-7B", "medusa", "sparse64", 64),
     ("medusa2", "medusa", "Vicuna-7B", "medusa", "sparse64", 64),
@@ -31,9 +32,10 @@ PUBLISHED_STEPS = [
     ("eagle", "specbench_2025", "Vicuna-7B", "eagle", "sparse64", 64),
     ("eagle2", "specbench_2025", "Vicuna-7B", "eagle", "eagle2", 60),
     ("eagle3", "eagle3", "LLaMA-3.1-8B", "eagle3", "eagle2", 60),
+    ("dflash", "dflash", "Qwen3-8B", "dflash", "chain15", 16),
 ]
 LABELS = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++", "eagle": "EAGLE",
-          "eagle2": "EAGLE-2", "eagle3": "EAGLE-3"}
+          "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "dflash": "DFlash"}
 SHAPE = "vicuna_7b"                                  # the papers' 7B shape
 # The decoder at its GPU pace where the file measured it. With host.static_step the decoder replays each fixed tree's
 # draft as a CUDA graph (static_drafts); the bench's static_step setting keeps them eager only to compare.

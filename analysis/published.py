@@ -3,12 +3,13 @@
     from analysis.published import PUBLISHED, published_cells
     published_cells(table="hydra", model="Vicuna-7B")   # -> [PublishedCell(...), ...]
 
-Method keys match ours: medusa1, medusa2, hydra, hydra_pp, pld, eagle, eagle2, eagle3, sps, lookahead, rest.
+Method keys match ours: medusa1, medusa2, hydra, hydra_pp, pld, eagle, eagle2, eagle3, sps, dflash, lookahead, rest.
 In the Hydra paper, on Spec-Bench and in the EAGLE-3 paper the "Medusa" column is Medusa-1-style heads on the
 frozen base (key medusa1); sps is speculative sampling with a small draft model (Spec-Bench's 68M one).
 
 Tables: medusa, hydra, specbench (the earlier Spec-Bench leaderboard, in the Hydra table), specbench_2025 (the
-leaderboard at commit fd2c1cd) and eagle3 (the EAGLE-3 paper), the last two in the EAGLE table.
+leaderboard at commit fd2c1cd) and eagle3 (the EAGLE-3 paper), the last two in the EAGLE table, and dflash (the
+DFlash paper: its claims row and its projection row).
 """
 from __future__ import annotations
 
@@ -19,15 +20,16 @@ HYDRA_SOURCE = "Hydra paper (Ankner et al., COLM 2024)"
 SPECBENCH_SOURCE = "Spec-Bench (Xia et al.)"
 SPECBENCH_2025_SOURCE = "Spec-Bench leaderboard, commit fd2c1cd, April 2025 (Xia et al.)"
 EAGLE3_SOURCE = "EAGLE-3 paper (Li et al., arXiv 2503.01840)"
+DFLASH_SOURCE = "DFlash paper (Chen et al., arXiv 2602.06036)"
 # The sources name the A100 for Medusa and Spec-Bench; the Hydra and EAGLE-3 papers' figures come with no device.
-A100, HYDRA_HW, EAGLE3_HW = "A100", "GPU", "GPU"
+A100, HYDRA_HW, EAGLE3_HW, H200 = "A100", "GPU", "GPU", "H200"
 # What each table's cells are labelled with beside the model and hardware (else "paper").
 SOURCE_TAGS = {"specbench": "Spec-Bench", "specbench_2025": "Spec-Bench fd2c1cd"}
 
 
 @dataclass(frozen=True)
 class PublishedCell:
-    table: str          # medusa | hydra | specbench | specbench_2025 | eagle3
+    table: str          # medusa | hydra | specbench | specbench_2025 | eagle3 | dflash
     model: str          # base model, e.g. Vicuna-7B
     method: str         # medusa1 | medusa2 | hydra | hydra_pp | pld | eagle | eagle2 | eagle3 | sps | ...
     metric: str         # speedup | accept_length
@@ -85,6 +87,10 @@ PUBLISHED: list[PublishedCell] = [
     *_cells("eagle3", EAGLE3_SOURCE, EAGLE3_HW, {
         "Vicuna-13B": {"eagle3": (5.58, 6.65), "eagle2": (4.26, 4.83), "eagle": (3.07, 3.98), "medusa1": (2.07, 2.59)},
         "LLaMA-3.1-8B": {"eagle3": (4.40, 6.13)},
+    }),
+    # DFlash paper, MT-Bench, greedy, H200: DFlash's block of 16 against EAGLE-3 on a 16-token tree.
+    *_cells("dflash", DFLASH_SOURCE, H200, {
+        "Qwen3-8B": {"dflash": (2.75, 4.24), "eagle3": (1.63, 2.83)},
     }),
 ]
 

@@ -168,6 +168,26 @@ def how_figures_are_made(summary: dict) -> str:
     ])
 
 
+ACCURACY_BY_POSITION = (("dflash", "DFlash (block position)"), ("eagle3", "EAGLE-3 (depth)"), ("eagle", "EAGLE (depth)"))
+
+
+def position_accuracy_table(train: dict[str, dict]) -> str:
+    """Validation top-1 of each block position of DFlash (the token k after the root, all drafted in one forward)
+    beside each depth of EAGLE-3 and EAGLE (the token k after the root, each drafted on the one above), from the
+    train stage's metrics (val_top1 head k - 1); "" without DFlash's."""
+    cols = [(name, label, (train.get(name) or {}).get("val_top1") or {}) for name, label in ACCURACY_BY_POSITION]
+    cols = [c for c in cols if c[2]]
+    if not any(name == "dflash" for name, _, _ in cols):
+        return ""
+    deepest = max(len(acc) for _, _, acc in cols)
+    lines = ["| k (token after the root) | " + " | ".join(label for _, label, _ in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for k in range(deepest):
+        cells = [acc.get(f"head{k}") for _, _, acc in cols]
+        lines.append(f"| {k + 1} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def later_sections(summary: dict, train: dict, single_runs: dict | None, conformance: dict | None) -> list[str]:
     """The sections shown only when their inputs exist: runs of one method, step costs, conformance, Medusa-2."""
     parts = []
@@ -187,6 +207,12 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
                   step_cost_table(costs)]
     if conformance:
         parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
+    positions = position_accuracy_table(train)
+    if positions:
+        parts += ["## Validation top-1 by position: DFlash's block against the autoregressive drafters' depths", "",
+                  "The same held-out positions of the distilled data: DFlash drafts every position of its block in one "
+                  "forward from the root and masks, EAGLE-3 and EAGLE each depth on the one above it (trained "
+                  "through the depths their recipes unroll).", "", positions]
     m2 = medusa2_section(summary, train, (single_runs or {}).get("medusa2-optimal"))
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]

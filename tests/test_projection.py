@@ -17,7 +17,7 @@ BENCH = {"device": "Test GPU", "date": "2026-11-26", "dtype": "bfloat16", "decod
 
 def test_each_published_result_is_its_accepted_length_over_our_step_cost():
     rows = {r["method"]: r for r in projection_rows(BENCH)}
-    assert list(rows) == ["medusa1", "medusa2", "hydra", "hydra_pp", "eagle", "eagle2", "eagle3"]
+    assert list(rows) == ["medusa1", "medusa2", "hydra", "hydra_pp", "eagle", "eagle2", "eagle3", "dflash"]
     m1 = rows["medusa1"]                           # Medusa's own step on the 63-node tree: 25 / 20 plain-step ms
     assert (m1["basis"], m1["step_cost"], m1["accepted"], m1["published_speedup"]) == ("measured step", 1.25, 2.57, 2.18)
     assert m1["projected_speedup"] == pytest.approx(2.57 / 1.25)
