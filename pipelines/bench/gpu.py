@@ -14,7 +14,7 @@ CUDA graphs too where the drafter can (static_drafts: models/engine/drafters/gra
   - the verify profile: a step verifying n tokens (n up to 128) relative to a 1-token step;
   - each method's drafting (one random-headed family per head config of `pipeline_heads`) on the 63-node tree
     (conf/tree/sparse64.yaml, Medusa's mc_sim_7b_63), a 4-token chain and EAGLE-2's grown tree (conf/tree/eagle2.yaml),
-    and a family's own shape (bench_gpu.family_trees: DFlash's block as a chain of 15, conf/tree/chain15.yaml):
+    and a head config's own shape (its bench_trees: DFlash's block as a chain of 15, conf/tree/chain15.yaml):
     draft, verify, accept, commit, step ms, and whether the draft replayed a graph (draft_graph); with
     +bench_gpu.profile_drafting=true also a torch.profiler record of draft() alone (kernel time against wall time:
     where drafting is host-bound); with +bench_gpu.profile_step=true a torch.profiler record of our plain step and
@@ -67,7 +67,7 @@ SHAPES = {
 }
 DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 8, 16, 32, 64, 128], "repeats": 15,
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
-            "family_trees": {"dflash": ["chain15"]},
+
             "hf_static_in": ["static_drafts"], "settings": None, "out": None, "profile_drafting": False,
             "profile_repeats": 20, "profile_step": False}
 FIGURES = {
@@ -79,8 +79,8 @@ FIGURES = {
               "one_token_ms the 1-token step",
     "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
                 "head rows), lm_head, accept, commit and the whole step (step_ms); eagle2 is the grown tree "
-                "(conf/tree/eagle2.yaml), its size set by the random heads' probabilities; family_trees adds a "
-                "family's own shape (DFlash's block of 16 as a chain, conf/tree/chain15.yaml)",
+                "(conf/tree/eagle2.yaml), its size set by the random heads' probabilities; a head config's bench_trees add "
+                "its own shape (DFlash's block of 16 as a chain, conf/tree/chain15.yaml)",
     "plain_tokens_equal_host_settings": "under static_step: the plain step's greedy tokens equal those of the eager "
                                         "host_settings run on the same prompt (bf16: a tie may flip one)",
     "seconds": "wall seconds the setting's measurements took",
@@ -176,7 +176,7 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
     static_drafts: False keeps the drafts eager under the static step (None: as generate() decides)."""
     out = {}
     for name, h in family_heads(cfg, s["families"]):
-        own = (s.get("family_trees") or {}).get(h["family"], [])     # a family's own shape (DFlash: its block)
+        own = list(h.get("bench_trees") or [])            # a head config's own shape (DFlash: its block as a chain)
         trees = {t: tree_from_config(conf_option("tree", t)) for t in [*s["trees"], *own]}
         torch.manual_seed(0)
         config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
