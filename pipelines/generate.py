@@ -1,6 +1,10 @@
 """python -m pipelines.generate heads=medusa1 tree=sparse64 prompt="Why is the sky blue?"
+python -m pipelines.generate heads=hydra prompts='["Why is the sky blue?", "Name three rivers."]'
+python -m pipelines.generate heads=eagle prompts_file=questions.txt     (one prompt a line, or a JSON list)
 
-One answer, streamed to the terminal. Tokens that came from accepted drafts are shown in green
+prompt=: one answer, streamed to the terminal. prompts= or prompts_file=: the answers decoded as one batch
+(models/engine/batch.py: one verify forward a step for all of them, each with its own drafter), printed in order
+when all are done, with the batch's tokens/s. Tokens that came from accepted drafts are shown in green
 (in [brackets] when stdout is not a terminal); the end prints the mean accepted length and
 tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
   heads=none                     the autoregressive baseline
@@ -9,12 +13,14 @@ tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
   heads_dir=FOLDER               heads from FOLDER instead of results/heads/<heads.name>
   random_heads=true              freshly initialised heads of the configured family (for trying it out)
   max_new_tokens=N temperature=T top_p=P top_k=K acceptance=greedy|typical|sampling
-  output=FILE.json               also write the result (tokens, text, per-step stats) as JSON
+  output=FILE.json               also write the result (tokens, text, per-step stats; a list for a batch) as JSON
   threads=N                      torch CPU threads
 """
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
+import functools
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +28,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from models.engine.batch import generate_batch
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
 from models.engine.drafting import make_drafter
@@ -98,10 +105,54 @@ def check_settings(cfg: DictConfig) -> None:
         raise ValueError(f"threads={cfg.threads!r}: use a whole number >= 1, or leave it unset (all cores)")
 
 
+def batch_prompts(cfg: DictConfig) -> list[str] | None:
+    """prompts= (a list) or prompts_file= (one prompt a line, or a JSON list of strings), or None for prompt=."""
+    given = [k for k in ("prompt", "prompts", "prompts_file") if cfg.get(k)]
+    if len(given) != 1:
+        raise ValueError(f"give one of prompt=..., prompts=[...] or prompts_file=FILE (got {given or 'none'})")
+    if given[0] == "prompt":
+        return None
+    if given[0] == "prompts":
+        prompts = list(cfg.prompts) if not isinstance(cfg.prompts, str) else [cfg.prompts]
+    else:
+        path = Path(str(cfg.prompts_file))
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts_file={path}: no such file (one prompt a line, or a JSON list)")
+        text = path.read_text()
+        try:
+            prompts = json.loads(text) if text.lstrip().startswith("[") else [ln for ln in text.splitlines() if ln.strip()]
+        except json.JSONDecodeError as e:
+            raise ValueError(f"prompts_file={path} starts like a JSON list but is not one (cut off?): {e}") from None
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError(f"{given[0]}: every prompt must be a non-empty string; got {prompts!r:.200}")
+    return prompts
+
+
+def run_batch(cfg, model, tok, new_drafter, sampling, method: str, prompts: list[str], host: dict) -> None:
+    """The prompts as one batch; each answer printed in order, then the batch's figures."""
+    import mlflow
+
+    drafters = [new_drafter() for _ in prompts] if new_drafter else None
+    results = generate_batch(model, tok, [prompt_ids(tok, p) for p in prompts], drafters, sampling=sampling,
+                             max_new_tokens=int(cfg.max_new_tokens))
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        print(f"-- [{i}] {p}\n{r.text}\n   ({len(r.new_tokens)} tokens, mean accepted length "
+              f"{r.mean_accepted_length:.2f}, stop: {r.stop_reason})")
+    wall = max(r.wall_time for r in results)
+    tokens = sum(len(r.new_tokens) for r in results)
+    print(f"-- {method}, batch of {len(prompts)}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+    mlflow.log_metrics({"tokens_per_second": tokens / wall, "new_tokens": tokens, "wall_time": wall,
+                        "batch_size": len(prompts)})
+    if cfg.output:
+        write_json(cfg.output, {"prompts": prompts, "method": method, "model": cfg.model.name,
+                                "sampling": asdict(sampling), "host": host,
+                                "answers": [r.to_dict() for r in results]})
+        mlflow.log_artifact(str(cfg.output))
+
+
 @stage
 def main(cfg: DictConfig) -> None:
-    if not cfg.prompt:
-        raise ValueError('no prompt: pass prompt="..." on the command line')
+    batch = batch_prompts(cfg)
     check_settings(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -111,25 +162,30 @@ def main(cfg: DictConfig) -> None:
     prepare_for_decoding(model)
     if heads is not None and cfg.random_heads:
         prepare_heads_for_decoding(heads)
-    tree, drafter = None, None
+    tree, new_drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
         tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
         spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
-        drafter = make_drafter({**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if with_lookup else spec,
-                               heads=heads)
+        spec = {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if with_lookup else spec
+        new_drafter = functools.partial(make_drafter, spec, heads=heads)      # a fresh one per answer
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
                               delta=float(OmegaConf.select(cfg, "eval.typical.delta", default=0.3)))
-    ids = prompt_ids(tok, str(cfg.prompt))
     method = "baseline" if heads is None else f"{cfg.heads.name} / {tree.name}" + (" (random heads)" if cfg.random_heads else "")
+    if batch is not None:
+        log.info("%s: a batch of %d prompts, up to %d new tokens each", method, len(batch), cfg.max_new_tokens)
+        with mlflow_run(cfg, "generate"):
+            run_batch(cfg, model, tok, new_drafter, sampling, method, batch, host)
+        return
+    ids = prompt_ids(tok, str(cfg.prompt))
     log.info("%s: %d prompt tokens, up to %d new", method, len(ids), cfg.max_new_tokens)
     with mlflow_run(cfg, "generate"):
         import mlflow
 
         streamer = Streamer(tok)
-        res = generate(model, tok, ids, drafter, sampling=sampling, max_new_tokens=int(cfg.max_new_tokens),
-                       on_tokens=streamer)
+        res = generate(model, tok, ids, new_drafter() if new_drafter else None, sampling=sampling,
+                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer)
         streamer.finish()
         print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
               f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "

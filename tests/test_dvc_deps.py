@@ -17,7 +17,8 @@ def test_every_stage_depends_on_the_code_it_imports_and_no_folder_of_code_it_doe
 
 def test_a_dropped_dependency_is_reported(tmp_path):
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
-    dvc["stages"]["references"]["deps"].remove("models/engine")
+    refs = dvc["stages"]["references"]
+    refs["deps"] = [d for d in refs["deps"] if not str(d).startswith("models/engine")]
     dvc["stages"]["train"]["do"]["deps"].remove("models/engine/taps.py")
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     missing = missing_deps(tmp_path / "dvc.yaml")

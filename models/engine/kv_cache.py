@@ -71,6 +71,14 @@ class GrowingLayer(DynamicLayer):
         self._v[:, :, past:past + m] = self._v[:, :, past + src]
         self._set_length(past + m)
 
+    def keep_rows_of_each(self, moves: list[tuple[int, int, torch.Tensor]], length: int) -> None:
+        """For each (b, past, src): batch row b's rows src (rising) to past..past+len(src)-1; then every row cut to
+        `length` (keep_accepted_rows)."""
+        for b, past, src in moves:
+            self._k[b, :, past:past + src.numel()] = self._k[b, :, src]      # the gather copies first: overlap is safe
+            self._v[b, :, past:past + src.numel()] = self._v[b, :, src]
+        self._set_length(length)
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the batch rows `indices` (transformers' Cache API; batched generation drops finished rows)."""
         if self.is_initialized and self._k is not None:
@@ -111,6 +119,20 @@ def keep_accepted(cache: DynamicCache, past: int, path: list[int], num_tree_toke
             t = getattr(layer, name)
             t[:, :, past:past + m] = t[:, :, past + src]
             setattr(layer, name, t[:, :, :past + m])
+
+
+def keep_accepted_rows(cache: DynamicCache, base: int, pasts: list[int], paths: list[list[int]]) -> None:
+    """A batched verify step (models/engine/batch.py) wrote every row's tree at columns base..: row b keeps its
+    columns base + paths[b] (rising) at pasts[b].., and the cache is cut to the longest row (a shorter row's
+    columns past its own length are garbage its mask hides)."""
+    device = cache.layers[0].keys.device
+    moves = [(b, p, torch.tensor(path, device=device) + base) for b, (p, path) in enumerate(zip(pasts, paths))
+             if not (p == base and path == list(range(len(path))))]         # already in place
+    length = max(p + len(path) for p, path in zip(pasts, paths))
+    for layer in cache.layers:
+        if not isinstance(layer, GrowingLayer):
+            raise TypeError(f"a batched step prunes GrowingLayer caches (kv_cache.new_cache), not {type(layer).__name__}")
+        layer.keep_rows_of_each(moves, length)
 
 
 class StaticLayer(GrowingLayer):

@@ -1,0 +1,210 @@
+"""pytest tests/test_batch.py: many answers decoded at once (models/engine/batch.py) on tiny random models.
+
+Lossless row by row: with ragged prompts, stop tokens met at different steps and B up to 8, each sequence of a
+batched greedy decode is its own batch-1 greedy answer token for token (float32), for the baseline and every
+drafter kind: fixed trees of draft heads, a draft model that is the base itself (long accepted branching paths, so
+the rows' caches grow apart), EAGLE, EAGLE-3 and DFlash (taps), a tree grown per step, prompt lookup and prompt
+lookup merged into a tree; the context limit stops each sequence at its own step. Sampling: each sequence draws
+from its own generator, so its answer does not depend on its neighbours, and the sampled tokens follow the base's
+distribution row by row (chi-square), while acceptance read from a neighbour's rows fails it. Bad input is refused
+by name.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from models.base import build_tiny_model
+from models.engine import batch as batch_module
+from models.engine.acceptance import SamplingConfig
+from models.engine.batch import generate_batch
+from models.engine.decoding import generate
+from models.engine.drafting import heads_drafter, make_drafter
+from models.engine.trees import GrownTree, tree_from_config
+from models.methods import build_heads
+from models.shared import HeadsConfig
+from tests.test_decoding import cyclic_prompt
+from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, chi2_pvalue, first_tokens_distribution
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = build_tiny_model(seed=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [cyclic_prompt(model, tok, known=k) for k in (6, 14)]                   # lookups match in these
+    prompts += [torch.randint(3, 250, (n,), generator=g).tolist() for n in (3, 9, 17, 30, 5, 12)]
+    return model, tok, prompts
+
+
+def heads_of(model, family, layers=1, seed=0):
+    torch.manual_seed(seed)
+    config = HeadsConfig.for_base(model, family, num_heads=4, num_layers=layers, share_lm_head=True)
+    return build_heads(config, model).eval()
+
+
+DRAFTERS = {
+    "baseline": lambda m: None,
+    "medusa": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "medusa")),
+    "hydra_pp": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "hydra_pp")),
+    "the_base_as_draft_model": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "draft_model", 2)),
+    "eagle": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "eagle")),
+    "eagle3": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "eagle3")),
+    "dflash": lambda m: (lambda h: lambda: heads_drafter(h, TREE))(heads_of(m, "dflash")),
+    "grown": lambda m: (lambda h: lambda: heads_drafter(h, GrownTree("g", 3, 3, 6)))(heads_of(m, "draft_model", 2)),
+    "prompt_lookup": lambda m: lambda: make_drafter({"kind": "prompt_lookup"}),
+    "lookup_merged": lambda m: (lambda h: lambda: heads_drafter(h, TREE, lookup=make_drafter(
+        {"kind": "prompt_lookup"})))(heads_of(m, "hydra")),
+}
+
+
+def stop_token(answers: list[list[int]]) -> int:
+    """A token that ends some answers early and others later or never: the commonest of positions 3..15 of the
+    random prompts' answers that the two cyclic prompts' answers (where lookups match) never reach."""
+    cyclic = set(answers[0]) | set(answers[1])
+    return next(t for t, _ in Counter(t for a in answers[2:] for t in a[3:16]).most_common() if t not in cyclic)
+
+
+@pytest.mark.parametrize("kind", sorted(DRAFTERS))
+def test_each_sequence_of_a_batch_is_its_own_batch_one_greedy_answer(tiny, kind):
+    model, tok, prompts = tiny
+    make = DRAFTERS[kind](model)
+    plain = [generate(model, None, p, max_new_tokens=NEW, stop_token_ids=[]).new_tokens for p in prompts]
+    stops = [stop_token(plain)]
+    alone = [generate(model, None, p, make() if make else None, max_new_tokens=NEW, stop_token_ids=stops)
+             for p in prompts]
+    together = generate_batch(model, None, prompts, [make() for _ in prompts] if make else None,
+                              max_new_tokens=NEW, stop_token_ids=stops)
+    assert [r.new_tokens for r in together] == [r.new_tokens for r in alone]
+    assert [r.stop_reason for r in together] == [r.stop_reason for r in alone]
+    assert len({len(r.new_tokens) for r in together}) > 1                  # they stopped at different steps
+    if kind == "the_base_as_draft_model":
+        assert together[0].accept_lengths == alone[0].accept_lengths and max(together[0].accept_lengths) > 2
+    if kind in ("prompt_lookup", "lookup_merged"):
+        assert any(any(r.from_draft) for r in together)
+
+
+def test_the_context_stops_each_sequence_at_its_own_step():
+    model, _ = build_tiny_model(seed=1, max_position_embeddings=40)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (20, 33, 38, 40)]
+    make = DRAFTERS["the_base_as_draft_model"](model)
+    alone = [generate(model, None, p, make(), max_new_tokens=30, stop_token_ids=[]) for p in prompts]
+    together = generate_batch(model, None, prompts, [make() for _ in prompts], max_new_tokens=30, stop_token_ids=[])
+    assert [r.new_tokens for r in together] == [r.new_tokens for r in alone]
+    assert [r.stop_reason for r in together] == ["context_limit"] * 4
+    assert [len(r.new_tokens) for r in together] == [21, 8, 3, 1]
+
+
+def test_a_sequences_sampled_answer_does_not_depend_on_its_neighbours(tiny):
+    model, _, prompts = tiny
+    make = DRAFTERS["hydra_pp"](model)
+    s = SamplingConfig(temperature=1.0, top_k=20, acceptance="sampling")
+    runs = [generate_batch(model, None, [prompts[0], other], [make(), make()], sampling=s, max_new_tokens=16,
+                           stop_token_ids=[], seeds=[7, 8])[0].new_tokens for other in (prompts[3], prompts[5])]
+    assert runs[0] == runs[1]
+
+
+def _first_tokens(setup, n: int, rows: int = 4) -> list[Counter]:
+    """Per row of a batch of `rows` copies of the prompt, the first TOKENS tokens over n batched generations."""
+    model, _, ids, heads, _ = setup
+    counts = [Counter() for _ in range(rows)]
+    for i in range(n):
+        s = SamplingConfig(temperature=1.0, top_k=TOP_K, acceptance="sampling")
+        res = generate_batch(model, None, [ids] * rows, [heads_drafter(heads, TREE) for _ in range(rows)],
+                             sampling=s, max_new_tokens=MAX_NEW, stop_token_ids=[],
+                             seeds=[1000 * i + r for r in range(rows)])
+        for r, out in enumerate(res):
+            counts[r][tuple(out.new_tokens[:TOKENS])] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    """A one-layer tiny base and a draft model that is its copy, perturbed: drafts accepted and rejected."""
+    from tests.test_sampling import make_setup
+    from tests.test_sampling_ar import perturb
+
+    model, tok, ids, _, expected = make_setup("llama", num_layers=1)
+    config = HeadsConfig.for_base(model, "draft_model", num_heads=4, num_layers=1, share_lm_head=True)
+    heads = build_heads(config, model).eval()
+    perturb(heads.draft_model, 0.05)
+    return model, tok, ids, heads, expected
+
+
+def test_batched_sampling_keeps_each_rows_distribution_and_its_control_fails(sampling_setup, monkeypatch):
+    n = 150
+    pooled = sum(_first_tokens(sampling_setup, n), Counter())
+    assert chi2_pvalue(pooled, sampling_setup[-1], 4 * n) > 0.01
+    model, _, ids, _, _ = sampling_setup
+    other = [ids[0]] + list(reversed(ids[1:]))                          # rows whose distribution differs
+    verify = batch_module._verify
+
+    def neighbours_rows(*args, **kw):                                   # acceptance reads the next row's states
+        hidden, tapped = verify(*args, **kw)
+        return hidden.roll(1, 0), tapped
+
+    monkeypatch.setattr(batch_module, "_verify", neighbours_rows)
+    counts = Counter()
+    heads = sampling_setup[3]
+    for i in range(n):
+        s = SamplingConfig(temperature=1.0, top_k=TOP_K, acceptance="sampling")
+        res = generate_batch(model, None, [ids, other], [heads_drafter(heads, TREE) for _ in range(2)], sampling=s,
+                             max_new_tokens=MAX_NEW, stop_token_ids=[], seeds=[2 * i, 2 * i + 1])
+        counts[tuple(res[0].new_tokens[:TOKENS])] += 1
+    assert chi2_pvalue(counts, first_tokens_distribution(model, ids), n) < 0.01
+
+
+def test_bad_batches_are_refused_by_name(tiny):
+    model, _, prompts = tiny
+    with pytest.raises(ValueError, match="at least one prompt"):
+        generate_batch(model, None, [])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate_batch(model, None, [[1, 2], []])
+    with pytest.raises(ValueError, match=r"prompt 0 has 600 tokens but the model's context is 512"):
+        generate_batch(model, None, [[5] * 600, [1, 2]])
+    make = DRAFTERS["medusa"](model)
+    with pytest.raises(ValueError, match="1 drafters for 2 prompts"):
+        generate_batch(model, None, prompts[:2], [make()])
+    d = make()
+    with pytest.raises(ValueError, match="each sequence needs its own"):
+        generate_batch(model, None, prompts[:2], [d, d])
+    with pytest.raises(ValueError, match="max_new_tokens=-1"):
+        generate_batch(model, None, prompts[:2], max_new_tokens=-1)
+
+
+def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path):
+    """prompts_file= (one prompt a line) with random EAGLE heads: every answer printed and written, each the one
+    prompt= gives alone; a cut-off JSON list and two prompt options at once are refused by name."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pipelines.common import REPO_ROOT
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    (tmp_path / "prompts.txt").write_text("Hello there\nName three rivers\n\nWhy is the sky blue?\n")
+    base = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", "heads=eagle", "random_heads=true",
+            "tree=chain4", "max_new_tokens=10", "threads=1", f"hydra.run.dir={tmp_path / 'hydra'}"]
+
+    def run(*args):
+        return subprocess.run([*base, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    proc = run(f"prompts_file={tmp_path / 'prompts.txt'}", f"output={tmp_path / 'batch.json'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "batch of 3" in proc.stdout and "-- [2] Why is the sky blue?" in proc.stdout
+    answers = json.loads((tmp_path / "batch.json").read_text())["answers"]
+    assert run("prompt=Name three rivers", f"output={tmp_path / 'one.json'}").returncode == 0
+    assert answers[1]["new_tokens"] == json.loads((tmp_path / "one.json").read_text())["new_tokens"]
+    (tmp_path / "cut.json").write_text('["Hello there", "Name thr')
+    proc = run(f"prompts_file={tmp_path / 'cut.json'}")
+    assert proc.returncode != 0 and "cut off" in proc.stderr
+    proc = run("prompt=Hi", "prompts=[Hello]")
+    assert proc.returncode != 0 and "give one of prompt" in proc.stderr
