@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
+.PHONY: repro test test-fast bench bench-batch bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -35,6 +35,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pipelines.bench.verify
+
+# batched decoding's throughput against batch size (MT-Bench questions; OVERRIDES e.g. "heads=hydra
+# +bench_batch.sizes=[1,4,8]" to time a drafter too)
+bench-batch: $(STAMP)
+	$(BIN)/python -m pipelines.bench.batch heads=none $(OVERRIDES)
 
 # step costs on the device at hand (a GPU: the 7B and SmolLM2 shapes, random weights) before and after the host
 # settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5" (+bench_gpu.profile_drafting=true:
