@@ -221,7 +221,7 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
 
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
-                     conformance: dict | None = None, projection: str | None = None) -> str:
+                     conformance: dict | None = None, projection: str | None = None, batch: str | None = None) -> str:
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
     {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json;
     projection: the GPU projection's section (analysis/projection.py projection_markdown)."""
@@ -255,6 +255,13 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         category_means_table(summary),
     ]
     parts += later_sections(summary, train, single_runs, conformance)
+    if batch:
+        parts += ["## Batches: throughput over the baseline at the same batch size", "",
+                  "The MT-Bench first turns decoded in batches of B (models/engine/batch.py), each method on the tree "
+                  "calibrate chose for B, alone and with prompt lookup merged in: all new tokens over all wall time "
+                  "over the baseline's on the same batches, with its 95% interval over batches; B = 1 is the "
+                  "headline's (mean of per-question ratios). A CPU's verify step grows with B x tree tokens from the "
+                  "start, a GPU's only once it is compute-bound: the curve here says nothing of a GPU's.", "", batch]
     if projection:
         parts += ["## On a GPU: the papers' acceptance over this decoder's step costs (a projection)", "", projection]
     return "\n".join(parts)

@@ -36,8 +36,9 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
 from models.engine.fast_inference import prepare_for_decoding
 from models.hardware import host_record, machine_description
-from models.measure.latency import interpolate_cost, verify_latency_profile
+from models.measure.latency import batch_verify_profile, interpolate_cost, verify_latency_profile
 from models.engine.trees import TreeSpec, chain_tree, tree_from_config
+from pipelines.calibrate_batch import BATCH_FILE, batch_choices, write_batch_trees
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.calibrate_plots import plot_calibration, plot_latency
 from pipelines.common import (conf_option, flat_metrics, heads_options, load_model, log, mlflow_run, run_record,
@@ -77,6 +78,10 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
               "forward_lm_head_s": prof["forward_lm_head_s"],
               "baseline_step_s": prof["forward_lm_head_s"][sizes.index(1)],          # 1 token + LM head + argmax
               "all_forward_lm_head_s": prof["all_forward_lm_head_s"]}
+    batch_sizes = [int(b) for b in (c.get("batch_sizes") or [1])]
+    if batch_sizes != [1]:                       # the batched verify step, for the tree per batch size
+        log.info("batched verify: batch sizes %s", batch_sizes)
+        record["batch"] = batch_verify_profile(model, batch_sizes, sizes, int(c.latency_repeats), int(c.latency_prefix))
     write_json(latency_path(cfg), record)
     plot_latency(record, latency_path(cfg).with_suffix(".png"))
     return record
@@ -248,11 +253,13 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
                                       "predicted_speedup")}
     metrics = {"chosen_budget": chosen["budget"], "chosen_shape": chosen.get("shape", "tree"), **metrics, "acc_top1": [float(a) for a in acc[:, 0]],
                **write_grown(cfg, result["grown"], out, result["machine"]),          # tree=dynamic_optimal
+               **write_batch_trees(out, cfg.heads.name, result["batch"], K),          # the batch curve's trees
                "host": host_record(result["machine"]["device"]), "run": run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])
-    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, out / "calibration.json", *pngs]
+    batch = [out / BATCH_FILE] if result["batch"] else []
+    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, *batch, out / "calibration.json", *pngs]
 
 
 def calibrate(cfg: DictConfig) -> dict:
@@ -284,6 +291,7 @@ def calibrate(cfg: DictConfig) -> dict:
         "chains": chains, "fixed_trees": fixed, "chosen_budget": chosen["budget"],
         "chosen_shape": chosen.get("shape", "tree"), "chosen": {k: v for k, v in chosen.items() if k != "paths"},
         "grown": grown_rows(cfg, model, heads, prompts, seqs, latency),           # the tree grown per step
+        "batch": batch_choices(rows + chains, latency.get("batch")),             # the tree per batch size
     }
     metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs
     if chosen["predicted_speedup"] < 1:

@@ -238,6 +238,8 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
                 "summary": s, "runs": [[r.as_dict() for r in run] for run in records[m.name]]}
         if m.name == "baseline":
             body["answers"] = {str(q): a for q, a in answers.items()}
+        if m.kind in ("baseline", "reference"):     # the greedy first turns the batch curve's answers must equal
+            body["first_turn_tokens"] = {str(r.question_id): r.tokens for r in records[m.name][0] if r.turn == 1}
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)

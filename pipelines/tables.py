@@ -31,6 +31,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from analysis import plots
+from analysis.batch_curve import batch_markdown, batch_rows, load_batch_runs, plot_batch_curve
 from analysis.comparisons import standard_comparisons
 from analysis.merge import merged_summary
 from analysis.projection import projection_markdown
@@ -115,11 +116,17 @@ def make_reports(cfg: DictConfig) -> list[Path]:
              write_csv(summary, reports / "speedup.csv"),
              plots.plot_speedup_intervals(summary, reports / "speedup_intervals.png"),
              plots.plot_comparisons(standard_comparisons(summary), reports / "comparisons.png")]
+    batch_rows_ = batch_rows(summary, load_batch_runs(results / "batch"))      # the batch curve, where it ran
+    batch_md = batch_markdown(batch_rows_)
+    (reports / "batch_curve.md").write_text("<!-- written by `python -m pipelines.tables` from results/batch/ -->\n"
+                                            + (batch_md or "No batch size above 1 was run (profile.eval.batch_sizes).\n"))
+    paths += [reports / "batch_curve.md", plot_batch_curve(batch_rows_, reports / "batch_curve.png")]
     train = load_train_metrics(reports / "metrics")
     (reports / "results.md").write_text(results_markdown(summary, train, load_json_if_present(results / "calibrate" / "latency.json"),
                                                          run=load_stage_metrics(reports / "metrics"),
                                                          conformance=load_json_if_present(reports / "conformance.json"),
-                                                         projection=projection_markdown(cfg.eval.gpu_bench, REPO_ROOT)))
+                                                         projection=projection_markdown(cfg.eval.gpu_bench, REPO_ROOT),
+                                                         batch=batch_md or None))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

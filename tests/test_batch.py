@@ -208,3 +208,65 @@ def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path):
     assert proc.returncode != 0 and "cut off" in proc.stderr
     proc = run("prompt=Hi", "prompts=[Hello]")
     assert proc.returncode != 0 and "give one of prompt" in proc.stderr
+
+
+BATCH_QUESTIONS = [{"question_id": i, "category": c, "turns": [t, "And then?"]} for i, (c, t) in enumerate([
+    ("writing", "Write a haiku about the sea."), ("math", "What is 12 * 7?"), ("coding", "Reverse a list in Python."),
+    ("roleplay", "You are a pirate. Greet me."), ("stem", "Why is the sky blue?")], start=1)]
+
+
+def batch_cfg(tmp_path, heads: str, *extra: str):
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.common import CONF_DIR
+
+    qfile = tmp_path / "questions.jsonl"
+    qfile.write_text("\n".join(json.dumps(q) for q in BATCH_QUESTIONS) + "\n")
+    overrides = ["model=tiny_random", "profile=smoke", f"heads={heads}", f"paths.results={tmp_path / 'results'}",
+                 f"paths.data={tmp_path / 'data'}", f"paths.reports={tmp_path / 'reports'}",
+                 f"data.questions_file={qfile}", "profile.eval.num_questions=null", "profile.eval.turns=1",
+                 "profile.eval.max_new_tokens=12", "profile.eval.repeats=1", "profile.eval.warmup=0",
+                 "profile.eval.batch_sizes=[1,2,4]", "eval.num_threads=1", *extra]
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each_answer(tmp_path, monkeypatch):
+    """references (batch 1) -> batch_baseline and batch@hydra: 5 questions in batches of 2 (2, 2, 1) and 4 (4, 1),
+    the heads on the tree calibrate chose for each B, alone and with prompt lookup; every answer equal to the
+    references stage's; a rerun reads the stored records back instead of decoding."""
+    import json
+
+    from pipelines import evaluate_batch
+    from pipelines.evaluate import run_evaluation
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    model, _ = build_tiny_model()
+    heads_of(model, "hydra").save(tmp_path / "results" / "heads" / "hydra")
+    cal = tmp_path / "results" / "calibrate" / "hydra"
+    cal.mkdir(parents=True)
+    (cal / "batch_trees.json").write_text(json.dumps({"heads": "hydra", "trees": {
+        "1": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3},
+        "2": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3}, "4": {"paths": [[0]], "topk": 10, "budget": 1}}}))
+    refs = batch_cfg(tmp_path, "none", "eval.methods=references")
+    run_evaluation(refs)
+    baseline = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "none"))
+    assert baseline["lossless"] and baseline["batch_sizes"] == [2, 4]
+    assert [b["questions"] for b in baseline["methods"]["baseline"]["2"]["batches"]] == [[1, 2], [3, 4], [5]]
+    hydra = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
+    assert set(hydra["methods"]) == {"hydra-batch", "hydra-batch_pld"} and hydra["lossless"]
+    assert all(r["lossless"]["identical"] == 5 for m in hydra["methods"].values() for r in m.values())
+    assert json.loads((tmp_path / "reports" / "metrics" / "batch_hydra.json").read_text())["lossless"]
+    from analysis.batch_curve import batch_markdown, batch_rows, load_batch_runs
+
+    rows = batch_rows(None, load_batch_runs(tmp_path / "results" / "batch"))
+    assert [(r["variant"], r["batch_size"], r["batches"]) for r in rows] == [
+        ("alone", 2, 3), ("alone", 4, 2), ("with prompt lookup", 2, 3), ("with prompt lookup", 4, 2)]
+    assert all(r["speedup"] > 0 and r["ci"][0] <= r["ci"][1] for r in rows)
+    assert batch_markdown(rows).splitlines()[0] == "| method | B = 2 | B = 4 |"
+    monkeypatch.setattr(evaluate_batch, "decode_batches", lambda *a, **k: pytest.fail("decoded again"))
+    again = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
+    assert again["methods"]["hydra-batch"]["4"]["tokens"] == hydra["methods"]["hydra-batch"]["4"]["tokens"]

@@ -193,7 +193,8 @@ def _tiny_stage_config(tmp_path, heads_name):
             f"paths.reports={tmp_path}/reports", f"data.distilled_dir={tmp_path}/distilled",
             "profile.calibrate.num_samples=3", "profile.calibrate.max_new_tokens=10",
             "profile.calibrate.latency_sizes=[1,4,16]", "profile.calibrate.latency_repeats=1",
-            "profile.calibrate.latency_prefix=20", "profile.calibrate.budgets=[2,4,8]"])
+            "profile.calibrate.latency_prefix=20", "profile.calibrate.budgets=[2,4,8]",
+            "profile.eval.batch_sizes=[1,4]"])
     return cfg
 
 
@@ -230,6 +231,7 @@ def log_to_a_file_store(done: dict, tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("heads_name,continuation", [("hydra_pp", "greedy"), ("medusa1", "data"), ("dflash", "greedy")])
 def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, continuation, monkeypatch):
+    from models.measure.calibration import sort_paths
     import json
 
     from models.engine.trees import tree_from_config
@@ -260,8 +262,15 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     spec = tree_from_config(dict(cfg.tree, kind="file", file=str(out / "optimal_tree.json")))
     assert spec.num_nodes == result["chosen_budget"]
     assert {p.name for p in done["files"]} >= {"acc_heatmap.png", "tokens_per_s.png"}
-    assert json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())["chosen_budget"] \
-        == result["chosen_budget"]
+    metrics = json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())
+    assert metrics["chosen_budget"] == result["chosen_budget"]
+    # the tree per batch size: from the batched verify profile, among the same trees and chains
+    latency = json.loads((tmp_path / "results" / "calibrate" / "latency.json").read_text())
+    assert latency["batch"]["batch_sizes"] == [1, 4] and len(latency["batch"]["seconds"]) == 2
+    batch = json.loads((out / "batch_trees.json").read_text())["trees"]
+    assert set(batch) == {"1", "4"} and metrics["batch_chosen_budget"] == {B: t["budget"] for B, t in batch.items()}
+    weighed = [sort_paths(r["paths"]) for r in result["budgets"] + result["chains"]]
+    assert all(sort_paths(t["paths"]) in weighed for t in batch.values())
 
 
 def _fit_heads(model, heads, seqs, starts, steps=5, lr=1e-2):

@@ -112,9 +112,12 @@ def test_dvc_runs_one_chain_per_family_beside_the_references(tmp_path, monkeypat
         assert default[f"calibrate@{h}"] == [f"reports/metrics/calibrate_{h}.json", f"results/calibrate/{h}"]
         assert default[f"evaluate@{h}"] == [f"reports/metrics/evaluate_{h}.json", f"results/eval/{h}"]
     assert default["references"] == ["reports/metrics/references.json", "results/eval/references"]
-    assert set(default) == {"assets", "prepare", "distill", "calibrate_latency", "references", "tables",
-                            *[f"{s}@{h}" for s in ("train", "calibrate", "evaluate") for h in heads]}
+    assert set(default) == {"assets", "prepare", "distill", "calibrate_latency", "references", "batch_baseline",
+                            "tables", *[f"{s}@{h}" for s in ("train", "calibrate", "evaluate", "batch") for h in heads]}
+    for h in heads:                                       # the batch curve: one stage per evaluated family
+        assert default[f"batch@{h}"] == [f"reports/metrics/batch_{h}.json", f"results/batch/{h}"]
 
     smoke = dvc_stages(tmp_path / "smoke", ["profile=smoke"])
     families = list(compose_with("profile=smoke").profile.eval.families)
     assert sorted(n for n in smoke if n.startswith("evaluate@")) == sorted(f"evaluate@{h}" for h in families)
+    assert sorted(n for n in smoke if n.startswith("batch@")) == sorted(f"batch@{h}" for h in families)

@@ -264,7 +264,7 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     names = {p.name for p in paths}
     assert names == {"tables.md", "tables.tex", "speedup.csv", "speedup_per_category.png",
                      "accept_length_histogram.png", "speedup_vs_tree_size.png", "calibration.png",
-                     "speedup_intervals.png", "comparisons.png", "results.md"}
+                     "speedup_intervals.png", "comparisons.png", "results.md", "batch_curve.md", "batch_curve.png"}
     md = (tmp_path / "reports" / "tables.md").read_text()
     assert "Vicuna-7B, A100 (paper)" in md and "(ours, tree sparse64)" in md and "max_new_tokens=64" in md
     csv_lines = (tmp_path / "reports" / "speedup.csv").read_text().splitlines()

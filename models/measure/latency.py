@@ -3,6 +3,7 @@ tokens, relative to a 1-token step.
 
     prof = verify_latency_profile(model, sizes=[1, 4, 8, 16, 32, 64], repeats=7, prefix_len=300)
     prof["relative"][i]   # (forward + LM head of a step of n tokens) / (the same for n = 1, the baseline's step)
+    batch = batch_verify_profile(model, batch_sizes=[1, 2, 4, 8], sizes=[1, 4, 16, 64])   # seconds[B][n], batched
 
 Each size is a FixedDrafter proposing n - 1 random tokens as a chain below the root, after a
 prefix_len-token random prompt; decoding.time_step takes the step and rewinds it. n = 1 is the
@@ -15,6 +16,7 @@ so that a calibrated tree is chosen for the step that evaluate will take.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +58,52 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
             "forward_s": med_fwd, "forward_lm_head_s": med_full,
             "relative": [t / one for t in med_full], "relative_forward": [t / one for t in med_fwd],
             "all_forward_lm_head_s": [full[n] for n in sizes]}
+
+
+@torch.inference_mode()
+def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), repeats: int = 5,
+                         prefix_len: int = 300, seed: int = 0) -> dict:
+    """The batched verify step (models/engine/batch.py): B rows, each a chain of n tokens after its own
+    prefix_len-token prompt, in one forward with the LM head on every row; median seconds [len(batch_sizes)][len(
+    sizes)], sizes interleaved within each repeat. Eager (a batch takes no static step)."""
+    from models.engine.batch import attention_masks
+    from models.engine.kv_cache import new_cache
+    from models.engine.projection import base_logits
+
+    device, dtype = next(model.parameters()).device, model.dtype
+    decoder, logits_of = model.get_decoder(), base_logits(model)
+    g = torch.Generator().manual_seed(seed)
+    seconds = []
+    for B in [int(b) for b in batch_sizes]:
+        ids = torch.randint(model.config.vocab_size, (B, prefix_len), generator=g).to(device)
+        cache = new_cache()
+        pos = torch.arange(prefix_len, device=device)
+        causal = (pos[:, None] >= pos[None, :]).expand(B, -1, -1)
+        decoder(input_ids=ids, attention_mask=attention_masks(decoder.config, causal, pos.expand(B, -1),
+                                                              pos.expand(B, -1), dtype),
+                position_ids=pos.expand(B, -1), past_key_values=cache, use_cache=True)
+        times = {int(n): [] for n in sizes}
+        for rep in range(repeats + 1):                                   # round 0 warms up
+            for n in times:
+                chain = torch.arange(n, device=device)
+                visible = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=device),
+                                     chain[:, None] >= chain[None, :]], 1).expand(B, -1, -1)
+                q = (prefix_len + chain).expand(B, -1)
+                mask = attention_masks(decoder.config, visible, q, torch.cat([pos, prefix_len + chain]).expand(B, -1),
+                                       dtype)
+                tokens = torch.randint(model.config.vocab_size, (B, n), generator=g).to(device)
+                t0 = time.perf_counter()
+                hidden = decoder(input_ids=tokens, attention_mask=mask, position_ids=q, past_key_values=cache,
+                                 use_cache=True).last_hidden_state
+                logits_of(hidden.reshape(B * n, -1))
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if rep:
+                    times[n].append(time.perf_counter() - t0)
+                cache.crop(-n)
+        seconds.append([statistics.median(times[int(n)]) for n in sizes])
+    return {"batch_sizes": [int(b) for b in batch_sizes], "sizes": [int(n) for n in sizes], "prefix_len": prefix_len,
+            "repeats": repeats, "statistic": "median", "seconds": seconds}
 
 
 def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
