@@ -233,7 +233,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         ", results/calibrate/latency.json and the GPU bench file its projection names -->",
         "# Results",
         "",
-        *(["## The run", "", run_markdown(summary, run)] if run else []),
+        *(["## The run", "", run_markdown(summary, run, latency)] if run else []),
         "## How the figures are made",
         "",
         how_figures_are_made(summary),

@@ -61,17 +61,35 @@ def stage_label(name: str) -> str:
     return name
 
 
-def stage_times_table(metrics: dict[str, dict]) -> str:
-    """The stages whose metrics record their wall time, in pipeline order, and their sum."""
+def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None) -> str:
+    """The stages whose metrics record their wall time, in pipeline order, and their sum; with the machine's plain
+    step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds)."""
     order = ["prepare", "distill"] + [f"{s}_{f}" for s in ("train", "calibrate") for f in FAMILY_LABELS] + ["references"]
     names = [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
     rows = [(n, wall_time(metrics[n])) for n in names if isinstance(metrics[n], dict) and wall_time(metrics[n])]
     if not rows:
         return ""
-    lines = ["| stage | wall time |", "|---|---|"]
-    lines += [f"| {stage_label(name)} | {_minutes(t)} |" for name, t in rows]
-    lines.append(f"| all of the above | {_minutes(sum(t for _, t in rows))} |")
+    steps = (lambda t: f" | {t / plain_step_s:,.0f}") if plain_step_s else (lambda t: "")   # noqa: E731
+    lines = ["| stage | wall time | seconds" + (" | plain steps |" if plain_step_s else " |"),
+             "|---|---|---|" + ("---|" if plain_step_s else "")]
+    lines += [f"| {stage_label(name)} | {_minutes(t)} | {t:,.0f}{steps(t)} |" for name, t in rows]
+    total = sum(t for _, t in rows)
+    lines.append(f"| all of the above | {_minutes(total)} | {total:,.0f}{steps(total)} |")
     return "\n".join(lines) + "\n"
+
+
+def machine_line(latency: dict | None) -> str:
+    """The machine in units that travel: its plain step on this model and the floor of reading every weight once
+    (results/calibrate/latency.json, the calibrate_latency stage)."""
+    if not latency or not latency.get("baseline_step_s"):
+        return ""
+    line = f"This machine's plain step (a 1-token decoding step of {latency.get('model')}): " \
+           f"{1e3 * latency['baseline_step_s']:.1f} ms"
+    floor = latency.get("weight_read")
+    if floor:
+        line += (f"; reading every weight once ({floor['bytes'] / 1e6:,.0f} MB): {1e3 * floor['seconds']:.1f} ms "
+                 f"({floor['gb_per_s']:.1f} GB/s), the floor of a memory-bound step")
+    return line + "."
 
 
 def provenance_lines(metrics: dict[str, dict]) -> list[str]:
@@ -108,12 +126,15 @@ def data_line(metrics: dict[str, dict]) -> str:
     return "; ".join(parts) + "." if parts else ""
 
 
-def run_markdown(summary: dict, metrics: dict[str, dict]) -> str:
+def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None = None) -> str:
     base = summary.get("methods", {}).get(summary.get("baseline", "baseline"), {})
     tps = (base.get("throughput") or {}).get("mean")
     out = [f"Model {summary.get('model')} on a {summary.get('hardware')}, profile `{summary.get('profile')}`"
            + (f"; the autoregressive baseline decoded {tps:.1f} tokens/s." if tps else "."), "",
            *provenance_lines(metrics), ""]
+    machine = machine_line(latency)
+    if machine:
+        out += [machine, ""]
     data = data_line(metrics)
     if data:
         out.append(data)
@@ -121,7 +142,8 @@ def run_markdown(summary: dict, metrics: dict[str, dict]) -> str:
     if table:
         out += ["", "Training (`reports/metrics/train_<heads>.json`): val top-1 of each head at the kept epoch.", "",
                 table]
-    times = stage_times_table(metrics)
+    times = stage_times_table(metrics, (latency or {}).get("baseline_step_s"))
     if times:
-        out += ["Stage times (each stage's command, from its metrics):", "", times]
+        out += ["Stage times (each stage's command, from its metrics; in plain steps: the seconds over this machine's "
+                "plain step):", "", times]
     return "\n".join(out) + "\n"

@@ -11,6 +11,7 @@ dependencies; pipelines/dflash_check.py builds it) and print one JSON line.
 """
 import argparse
 import json
+import time
 
 import torch
 from dflash.model import DFlashDraftModel, dflash_generate
@@ -51,10 +52,15 @@ def generate_steps(model, target: str, prompts: str, new_tokens: int) -> dict:
         return logits
     model.compute_logits = compute_logits
     out = []
-    for ids in json.loads(open(prompts).read()):
+    prompts = json.loads(open(prompts).read())
+    dflash_generate(model, base, torch.tensor([prompts[0]]), 4, stop_token_ids=None)          # warm-up
+    for ids in prompts:
         drafts.clear()
+        t0 = time.perf_counter()
         output = dflash_generate(model, base, torch.tensor([ids]), new_tokens, stop_token_ids=None)[0].tolist()
-        out.append({"output_tokens": output[len(ids):], "steps": steps_of(ids, output, list(drafts))})
+        seconds = time.perf_counter() - t0
+        out.append({"output_tokens": output[len(ids):], "steps": steps_of(ids, output, list(drafts)),
+                    "seconds": seconds})
     return {"prompts": out}
 
 

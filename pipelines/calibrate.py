@@ -36,7 +36,7 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 sequence_ranks, sort_paths, step_timings, top1_unconditional)
 from models.engine.fast_inference import prepare_for_decoding
 from models.hardware import host_record, machine_description
-from models.measure.latency import batch_verify_profile, interpolate_cost, verify_latency_profile
+from models.measure.latency import batch_verify_profile, interpolate_cost, verify_latency_profile, weight_read_seconds
 from models.engine.trees import TreeSpec, chain_tree, tree_from_config
 from pipelines.calibrate_batch import BATCH_FILE, batch_choices, write_batch_trees
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
@@ -78,6 +78,7 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
               "forward_lm_head_s": prof["forward_lm_head_s"],
               "baseline_step_s": prof["forward_lm_head_s"][sizes.index(1)],          # 1 token + LM head + argmax
               "all_forward_lm_head_s": prof["all_forward_lm_head_s"]}
+    record["weight_read"] = weight_read_seconds(model, int(c.latency_repeats))     # the memory-bound floor
     batch_sizes = [int(b) for b in (c.get("batch_sizes") or [1])]
     if batch_sizes != [1]:                       # the batched verify step, for the tree per batch size
         log.info("batched verify: batch sizes %s", batch_sizes)

@@ -58,8 +58,16 @@ def our_steps(model, heads, prompts: list[list[int]], new_tokens: int) -> list[d
         drafter.draft = lambda root, depth: drafts.append(draft(root, depth)) or drafts[-1]
         res = generate(model, None, ids, drafter, max_new_tokens=new_tokens, stop_token_ids=[])
         steps = [{"drafts": d.tokens[1:].tolist(), "produced": n} for d, n in zip(drafts, res.accept_lengths)]
-        out.append({"output_tokens": res.new_tokens, "steps": steps})
+        out.append({"output_tokens": res.new_tokens, "steps": steps, "seconds": res.wall_time})
     return out
+
+
+def speed(ours: list[dict], theirs: list[dict]) -> dict:
+    """Tokens a second of each decoder over the same prompts (one thread each, the same drafter and base), and
+    ours over theirs: a tiny base, so this is each decoder's own per-step overhead, not a model's speed."""
+    def tps(runs):
+        return sum(len(r["output_tokens"]) for r in runs) / sum(r["seconds"] for r in runs)
+    return {"ours_tokens_per_s": tps(ours), "theirs_tokens_per_s": tps(theirs), "ours_over_theirs": tps(ours) / tps(theirs)}
 
 
 def compare(ours: list[dict], theirs: list[dict], full: int) -> dict:
@@ -112,7 +120,9 @@ def authors_steps(model, heads, work: Path, name: str, prompts: list[list[int]])
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return compare(our_steps(model, heads, prompts, NEW_TOKENS), official, heads.dflash.block_size - 1), official
+        our_steps(model, heads, prompts[:1], 4)                                  # warm-up, as theirs
+        ours = our_steps(model, heads, prompts, NEW_TOKENS)
+        return {**compare(ours, official, heads.dflash.block_size - 1), "speed": speed(ours, official)}, official
     finally:
         torch.set_num_threads(before)
 
@@ -197,7 +207,8 @@ def main(argv=None) -> dict:
                                      "and an 8-layer tiny Llama: each step's drafted block and produced tokens; "
                                      "written by `make dflash-check`",
                             **{k: v for k, v in vars(args).items() if k != "fit_steps"}, "new_tokens": NEW_TOKENS,
-                            "prompts": prompts, "official": official})
+                            "prompts": prompts,
+                            "official": [{k: v for k, v in p.items() if k != "seconds"} for p in official]})
     print(json.dumps(verdict, indent=2))
     return verdict
 

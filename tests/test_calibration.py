@@ -223,6 +223,7 @@ def log_to_a_file_store(done: dict, tmp_path, monkeypatch) -> None:
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")      # a throwaway store, fast to create
     mlflow.set_tracking_uri(f"file://{tmp_path / 'mlruns'}")
+    mlflow.set_experiment("calibrate")         # not an earlier test's active experiment, which this store lacks
     with mlflow.start_run() as run:
         log_calibration(done)
     logged = mlflow.get_run(run.info.run_id).data.metrics

@@ -37,7 +37,20 @@ def test_stage_times_cover_every_stage_in_pipeline_order_with_their_sum():
                "train_hydra": record("a", 600), "references": record("a", 900)}
     rows = [line.split(" | ")[0].strip("| ") for line in stage_times_table(metrics).splitlines()[2:]]
     assert rows == ["prepare", "train@hydra", "calibrate@hydra", "references", "evaluate@hydra", "all of the above"]
-    assert stage_times_table(metrics).splitlines()[-1] == "| all of the above | 47 min 30 s |"
+    assert stage_times_table(metrics).splitlines()[-1] == "| all of the above | 47 min 30 s | 2,850 |"
+    # in plain steps: the seconds over the machine's plain step, so that a run on another CPU compares with this one
+    assert stage_times_table(metrics, 0.075).splitlines()[-1] == "| all of the above | 47 min 30 s | 2,850 | 38,000 |"
+
+
+def test_the_run_section_states_the_machine_in_plain_steps_and_its_weight_read_floor():
+    from analysis.run_record import machine_line
+
+    latency = {"model": "SmolLM2-135M-Instruct", "baseline_step_s": 0.0712,
+               "weight_read": {"seconds": 0.0123, "bytes": 538e6, "gb_per_s": 43.7}}
+    assert machine_line(latency) == ("This machine's plain step (a 1-token decoding step of SmolLM2-135M-Instruct): "
+                                     "71.2 ms; reading every weight once (538 MB): 12.3 ms (43.7 GB/s), the floor of a "
+                                     "memory-bound step.")
+    assert machine_line(None) == ""
 
 
 def test_plots_keep_their_whole_titles(tmp_path):

@@ -106,6 +106,26 @@ def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), 
             "repeats": repeats, "statistic": "median", "seconds": seconds}
 
 
+@torch.inference_mode()
+def weight_read_seconds(model, repeats: int = 7) -> dict:
+    """The floor a decoding step cannot beat on a memory-bound machine: one pass reading every weight of the model
+    once (a sum over each parameter, shared ones once), median of repeats -> {"seconds", "bytes", "gb_per_s"}."""
+    params = list({p.data_ptr(): p for p in model.parameters()}.values())
+    size = sum(p.numel() * p.element_size() for p in params)
+    device = params[0].device
+    times = []
+    for rep in range(repeats + 1):                                       # round 0 warms up
+        t0 = time.perf_counter()
+        total = sum(float(p.sum()) for p in params)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep:
+            times.append(time.perf_counter() - t0)
+    del total
+    seconds = statistics.median(times)
+    return {"seconds": seconds, "bytes": size, "gb_per_s": size / seconds / 1e9}
+
+
 def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
     """Piecewise-linear in the number of tokens; linear extrapolation from the last two points beyond."""
     x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
