@@ -239,8 +239,40 @@ def _dflash_row(summary: dict) -> dict | None:
                 f"accepted {describe(acc)}; speed {describe(speed)} ({a} / {b})", verdict, reason)
 
 
+BATCH_CLAIMS = (   # (claim, published, heads, the batch size it names, holds when the speedup there is above 1)
+    ("EAGLE-3 still pays at batch 64", "1.38x at batch 64 (EAGLE-3 paper: SGLang, H100, LLaMA-3.1-8B, a chain of 3)",
+     "eagle3", 64, True),
+    ("EAGLE-1 falls below 1x by batch 24", "below 1x from batch 24 (EAGLE-3 paper: SGLang, H100, LLaMA-3.1-8B)",
+     "eagle", 24, False))
+
+
+def _batch_rows(batch: list[dict] | None) -> list[dict]:
+    """The batch claims, judged on this machine's batch curve (analysis/batch_curve.py) at the batch size they name;
+    where the curve stops short of it, its last point is shown and the claim left unjudged."""
+    out = []
+    for claim, published, heads, size, above in BATCH_CLAIMS:
+        points = sorted((r for r in batch or [] if r["heads"] == heads and r["variant"] == "alone"),
+                        key=lambda r: r["batch_size"])
+        if not points:
+            continue
+        at = next((r for r in points if r["batch_size"] >= size), None)
+        last = at or points[-1]
+        ci = last.get("ci")
+        ours = (f"{last['speedup']:.2f}x" + (f" ({fmt_interval(ci)})" if ci else "") + f" at batch {last['batch_size']}"
+                f" ({heads}, its tree for that batch size)")
+        if at is None or not ci:
+            out.append(_row(claim, published, ours, "not judged here",
+                            f"the curve stops at batch {points[-1]['batch_size']} (profile.eval.batch_sizes); a CPU's "
+                            "verify step grows with the batch from the start, a GPU's only once compute-bound"))
+            continue
+        v = _verdict(*ci) if above else {"reversed": "reproduced", "reproduced": "reversed"}.get(_verdict(*ci),
+                                                                                              "not reproduced")
+        out.append(_row(claim, published, ours, v, ""))
+    return out
+
+
 def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
-               single_runs: dict[str, dict] | None = None) -> list[dict]:
+               single_runs: dict[str, dict] | None = None, batch: list[dict] | None = None) -> list[dict]:
     """One row per claim of the papers that this run can judge (a claim whose methods did not run is left out);
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
     `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
@@ -266,6 +298,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     rows.append(_eagle2_row(summary, single_runs or {}))
     rows.append(_sps_row((single_runs or {}).get(SPS_RUN) or _plain(summary)))
     rows.append(_dflash_row(summary))
+    rows += _batch_rows(batch)                              # batch: analysis.batch_curve.batch_rows
     return [r for r in rows if r is not None]
 
 

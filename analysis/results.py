@@ -9,6 +9,7 @@ from __future__ import annotations
 from analysis.claims import claim_rows, claims_markdown
 from analysis.conformance import conformance_section
 from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, fmt_interval, standard_comparisons
+from analysis.batch_curve import batch_markdown
 from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
 
@@ -221,7 +222,8 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
 
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
-                     conformance: dict | None = None, projection: str | None = None, batch: str | None = None) -> str:
+                     conformance: dict | None = None, projection: str | None = None,
+                     batch: list[dict] | None = None) -> str:
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
     {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json;
     projection: the GPU projection's section (analysis/projection.py projection_markdown)."""
@@ -249,7 +251,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         comparisons_table(comps),
         "## The papers' claims, on this hardware",
         "",
-        claims_markdown(claim_rows(summary, train, latency, single_runs)),
+        claims_markdown(claim_rows(summary, train, latency, single_runs, batch)),
         "## Speedup per MT-Bench category (means)",
         "",
         category_means_table(summary),
@@ -261,7 +263,8 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
                   "calibrate chose for B, alone and with prompt lookup merged in: all new tokens over all wall time "
                   "over the baseline's on the same batches, with its 95% interval over batches; B = 1 is the "
                   "headline's (mean of per-question ratios). A CPU's verify step grows with B x tree tokens from the "
-                  "start, a GPU's only once it is compute-bound: the curve here says nothing of a GPU's.", "", batch]
+                  "start, a GPU's only once it is compute-bound: the curve here says nothing of a GPU's.", "",
+                  batch_markdown(batch)]
     if projection:
         parts += ["## On a GPU: the papers' acceptance over this decoder's step costs (a projection)", "", projection]
     return "\n".join(parts)

@@ -126,7 +126,7 @@ def make_reports(cfg: DictConfig) -> list[Path]:
                                                          run=load_stage_metrics(reports / "metrics"),
                                                          conformance=load_json_if_present(reports / "conformance.json"),
                                                          projection=projection_markdown(cfg.eval.gpu_bench, REPO_ROOT),
-                                                         batch=batch_md or None))
+                                                         batch=batch_rows_))
     paths.append(reports / "results.md")
     log.info("tables: %s", ", ".join(t for t in TABLE_ORDER if t in tables))
     print(md)

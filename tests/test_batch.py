@@ -270,3 +270,19 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
     monkeypatch.setattr(evaluate_batch, "decode_batches", lambda *a, **k: pytest.fail("decoded again"))
     again = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
     assert again["methods"]["hydra-batch"]["4"]["tokens"] == hydra["methods"]["hydra-batch"]["4"]["tokens"]
+
+
+def test_the_batch_claims_are_judged_where_the_curve_reaches_and_left_unjudged_short_of_it():
+    from analysis.claims import claim_rows
+    from tests.test_intervals import _summary
+
+    curve = [{"heads": "eagle3", "variant": "alone", "batch_size": b, "speedup": s, "ci": (s - 0.1, s + 0.1)}
+             for b, s in ((1, 1.5), (8, 1.2))]
+    curve += [{"heads": "eagle", "variant": "alone", "batch_size": b, "speedup": s, "ci": (s - 0.05, s + 0.05)}
+              for b, s in ((8, 1.1), (32, 0.8))]
+    rows = {r["claim"]: r for r in claim_rows(_summary(), batch=curve)}
+    short = rows["EAGLE-3 still pays at batch 64"]
+    assert short["verdict"] == "not judged here" and "stops at batch 8" in short["reason"]
+    assert "1.20x" in short["ours"] and "at batch 8" in short["ours"]
+    reached = rows["EAGLE-1 falls below 1x by batch 24"]
+    assert reached["verdict"] == "reproduced" and "0.80x" in reached["ours"] and "at batch 32" in reached["ours"]
