@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from models.measure.intervals import paired_comparison, verdict
 
 FAMILY_LABELS = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++", "eagle": "EAGLE",
-                 "eagle3": "EAGLE-3", "sps": "SpS (draft model)"}
+                 "eagle3": "EAGLE-3", "sps": "SpS (draft model)", "dflash": "DFlash"}
 PLD_LABELS = {"pld": "prompt lookup (ours)", "pld_hf": "prompt lookup (transformers)"}
 METRIC_LABELS = {"speedup": "speed", "accept_length": "accepted length"}
 

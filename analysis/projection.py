@@ -90,7 +90,7 @@ def projection_table(rows: list[dict]) -> str:
              "here (plain steps) | Cost measured as | Projected speedup | Published speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        tree = "63-node" if r["tree"] == "sparse64" else "dynamic"
+        tree = {"sparse64": "63-node", "chain15": "chain of 15"}.get(r["tree"], "dynamic")
         lines.append(f"| {r['label']} | {r['source']} | {_f(r['accepted'], '{:.2f}')} | {tree} ({r['tokens']}) | "
                      f"{_f(r['step_cost'], '{:.2f}')} | {r['basis']} | {_f(r['projected_speedup'], '{:.2f}x')} | "
                      f"{_f(r['published_speedup'], '{:.2f}x')} |")

@@ -55,7 +55,10 @@ def wall_time(m: dict) -> float | None:
 
 
 def stage_label(name: str) -> str:
-    for prefix, stage in (("train_", "train@"), ("calibrate_", "calibrate@"), ("evaluate_", "evaluate@")):
+    if name == "batch_baseline":
+        return name
+    for prefix, stage in (("train_", "train@"), ("calibrate_", "calibrate@"), ("evaluate_", "evaluate@"),
+                          ("batch_", "batch@")):
         if name.startswith(prefix):
             return stage + name[len(prefix):]
     return name
@@ -64,7 +67,9 @@ def stage_label(name: str) -> str:
 def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None) -> str:
     """The stages whose metrics record their wall time, in pipeline order, and their sum; with the machine's plain
     step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds)."""
-    order = ["prepare", "distill"] + [f"{s}_{f}" for s in ("train", "calibrate") for f in FAMILY_LABELS] + ["references"]
+    order = ["prepare", "distill"] + [f"{s}_{f}" for s in ("train", "calibrate") for f in FAMILY_LABELS] + \
+        ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + ["batch_baseline"] + \
+        [f"batch_{f}" for f in FAMILY_LABELS]
     names = [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
     rows = [(n, wall_time(metrics[n])) for n in names if isinstance(metrics[n], dict) and wall_time(metrics[n])]
     if not rows:
