@@ -137,10 +137,42 @@ def projection_section(bench: dict, source: str, shape: str = SHAPE, setting: st
     return "\n\n".join(out) + "\n"
 
 
+# EAGLE-3 paper, SGLang on an H100, LLaMA-3.1-8B, a chain of 3 drafts: throughput over the baseline by batch size
+# (docs/reference.md, published numbers); EAGLE-1 falls below 1x from batch 24.
+SGLANG_BATCH = {"eagle3": {2: 1.81, 8: 1.62, 16: 1.48, 64: 1.38}, "eagle": {2: 1.40}}
+
+
+def batch_cost_section(bench: dict, shape: str = SHAPE) -> str | None:
+    """The batched verify step against B (the bench file's host_settings row, batch_verify): a step of n tokens a
+    sequence over a 1-token step at the same B, which is also the accepted tokens a step a method needs just to
+    break even there (drafting left out), and for a chain of 3 (4 tokens) the most it could gain (4 tokens / that
+    cost), beside the EAGLE-3 paper's SGLang speedups; None when the file has no batch figures."""
+    row = ((((bench.get("shapes") or {}).get(shape) or {}).get("settings") or {}).get("host_settings") or {})
+    bv = row.get("batch_verify")
+    if not bv:
+        return None
+    sizes = bv["sizes"]
+    cols = [n for n in (4, 16, 64) if n in sizes]
+    lines = ["| batch size | " + " | ".join(f"{n} tokens a sequence (plain steps)" for n in cols) +
+             " | a chain of 3 at best (4 / its cost) | EAGLE-3, SGLang (paper) | EAGLE-1, SGLang (paper) |",
+             "|---|" + "---|" * (len(cols) + 3)]
+    for B, rel in zip(bv["batch_sizes"], bv["relative"]):
+        costs = {n: rel[sizes.index(n)] for n in cols}
+        best = f"{4 / costs[4]:.2f}x" if 4 in costs else "-"
+        pub = [f"{SGLANG_BATCH[m][B]:.2f}x" if B in SGLANG_BATCH[m] else "-" for m in ("eagle3", "eagle")]
+        lines.append(f"| {B} | " + " | ".join(f"{costs[n]:.2f}" for n in cols) + f" | {best} | {' | '.join(pub)} |")
+    return ("The batched verify step on that device (eager, as a batch decodes), from the same file: a step verifying "
+            "n tokens for each of B sequences, in steps of the baseline at the same B. A method must accept more "
+            "tokens a step than that to gain anything at B, drafting left out; a chain of 3 accepts at most 4.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def projection_markdown(path: str | Path, root: str | Path = ".") -> str | None:
     """The section for the bench file at `path` (relative to `root` unless absolute; named as given), or None when
     there is no such file."""
     full = Path(root) / path
     if not full.is_file():
         return None
-    return projection_section(json.loads(full.read_text()), str(path))
+    bench = json.loads(full.read_text())
+    batch = batch_cost_section(bench)
+    return projection_section(bench, str(path)) + ("\n" + batch if batch else "")

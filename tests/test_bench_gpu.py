@@ -13,7 +13,7 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
 
     cfg = compose_cfg("+bench_gpu.sizes=[1,4,16]", "+bench_gpu.repeats=1", "+bench_gpu.new_tokens=6",
                       "+bench_gpu.prefix_len=24", "+bench_gpu.families=[medusa,eagle]", "+bench_gpu.device=cpu",
-                      "+bench_gpu.profile_step=true")
+                      "+bench_gpu.profile_step=true", "+bench_gpu.batch_tree_sizes=[1,4]")
     path, record = run_bench(cfg)
     assert path == tmp_path / "reports" / "bench" / "gpu_cpu.json"
     assert json.loads(path.read_text()) == record
@@ -31,6 +31,11 @@ def test_bench_gpu_writes_every_figure_for_the_tiny_shape(compose_cfg, tmp_path)
         assert ("hf_generate_static_ms_per_token" in row) == (name == "static_drafts")     # bench_gpu.hf_static_in
         assert row["verify"]["sizes"] == [1, 4, 16] and row["verify"]["relative"][0] == 1.0
         assert row["verify"]["one_token_ms"] > 0
+        if name == "host_settings":          # the batched verify step against B, once (a batch decodes eagerly)
+            bv = row["batch_verify"]
+            assert bv["batch_sizes"] == [1, 2, 4, 8] and len(bv["ms"]) == 4 and bv["relative"][2][0] == 1.0
+        else:
+            assert "batch_verify" not in row
         assert row["step_profile"]["tokens"] == 6 and row["step_profile"]["device_busy_ms"] is None   # a CPU
         assert ("hf_static_step_profile" in row) == (name == "static_drafts")
         assert set(row["drafting"]) == {"medusa", "eagle"}

@@ -63,3 +63,15 @@ def test_the_drafts_replayed_as_graphs_are_preferred_to_the_same_step_with_eager
     assert projection_rows(bench, setting="static_step")[0]["step_cost"] == 1.4
     text = projection_section(bench, "reports/bench/gpu_test.json")
     assert "each fixed tree's draft replayed as a CUDA graph" in text and "a plain step 10.0 ms" in text
+
+
+def test_the_batch_cost_table_reads_the_batched_verify_step_beside_sglangs_rows():
+    from analysis.projection import batch_cost_section
+
+    bench = {"shapes": {"vicuna_7b": {"settings": {"host_settings": {"batch_verify": {
+        "batch_sizes": [1, 8, 64], "sizes": [1, 4, 16, 64],
+        "relative": [[1.0, 1.02, 1.1, 1.4], [1.0, 1.1, 1.5, 2.9], [1.0, 2.0, 5.5, 19.0]]}}}}}}
+    lines = batch_cost_section(bench).splitlines()
+    assert lines[-1] == "| 64 | 2.00 | 5.50 | 19.00 | 2.00x | 1.38x | - |"
+    assert lines[-2] == "| 8 | 1.10 | 1.50 | 2.90 | 3.64x | 1.62x | - |"
+    assert batch_cost_section({"shapes": {"vicuna_7b": {"settings": {"host_settings": {}}}}}) is None

@@ -49,7 +49,7 @@ from models.hardware import apply_host_settings, is_cuda
 from models.shared import HeadsConfig
 from models.methods import build_heads
 from models.measure.draft_profile import device_sync, draft_profile
-from models.measure.latency import verify_latency_profile
+from models.measure.latency import batch_verify_profile, verify_latency_profile
 from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
 from pipelines.common import conf_option, git_commit, log, stage, write_json
@@ -69,7 +69,8 @@ DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 
             "prefix_len": 300, "new_tokens": 64, "trees": ["sparse64", "chain4", "eagle2"], "families": None,
 
             "hf_static_in": ["static_drafts"], "settings": None, "out": None, "profile_drafting": False,
-            "profile_repeats": 20, "profile_step": False}
+            "profile_repeats": 20, "profile_step": False,
+            "batch_sizes": None, "batch_tree_sizes": [1, 4, 16, 64]}   # None: 1..64 on CUDA, 1, 2, 4, 8 on a CPU
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
@@ -77,6 +78,9 @@ FIGURES = {
     "verify": "verify_latency_profile: a step verifying n tokens (forward + LM head) relative to a 1-token step, "
               "with the static step where the setting has it (static: true); "
               "one_token_ms the 1-token step",
+    "batch_verify": "models.measure.latency.batch_verify_profile (host_settings only: a batch decodes eagerly): B rows "
+                    "of n tokens each in one forward with the LM head, ms, and relative to a 1-token step at the same "
+                    "B (the baseline's batched step): the cost side of speculation against the batch size",
     "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
                 "head rows), lm_head, accept, commit and the whole step (step_ms); eagle2 is the grown tree "
                 "(conf/tree/eagle2.yaml), its size set by the random heads' probabilities; a head config's bench_trees add "
@@ -246,11 +250,23 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
            "plain_tokens": list(plain.new_tokens)}
     if s["profile_step"]:
         row["step_profile"] = step_profile(decode, device, n=int(s["new_tokens"]))
+    if setting == "host_settings":
+        row["batch_verify"] = batch_verify(model, s)
     row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def batch_verify(model, s: dict) -> dict:
+    """The batched verify step against B and tree tokens (FIGURES["batch_verify"])."""
+    sizes = s["batch_sizes"] or ([1, 2, 4, 8, 16, 32, 64] if is_cuda(s["device"]) else [1, 2, 4, 8])
+    prof = batch_verify_profile(model, sizes, s["batch_tree_sizes"], int(s["repeats"]), int(s["prefix_len"]))
+    ms = [[round(1e3 * t, 3) for t in row] for row in prof["seconds"]]
+    one = prof["sizes"].index(1) if 1 in prof["sizes"] else 0
+    return {"batch_sizes": prof["batch_sizes"], "sizes": prof["sizes"], "ms": ms,
+            "relative": [[round(t / row[one], 4) for t in row] for row in ms]}
 
 
 SETTINGS = ("torch_defaults", "host_settings", "static_step", "static_drafts")
