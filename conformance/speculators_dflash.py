@@ -17,16 +17,8 @@ from importlib.metadata import version
 
 import torch
 from safetensors.torch import load_file
-from speculators import SpeculatorModel, SpeculatorModelConfig
-from transformers import PreTrainedModel
-
-
-def loading_report(draft: str) -> dict:
-    config = SpeculatorModelConfig.from_pretrained(draft)
-    cls = SpeculatorModel.registered_model_class_from_config(config)
-    _, info = PreTrainedModel.from_pretrained.__func__(cls, draft, config=config, output_loading_info=True)
-    return {"class": cls.__name__, **{k: sorted(v) for k, v in info.items() if k in (
-        "missing_keys", "unexpected_keys", "mismatched_keys")}}
+from speculators import SpeculatorModel
+from speculators_draft import loading_report     # the EAGLE-3 runner's, beside this one: transformers' own report
 
 
 def run(draft: str, inputs: dict) -> dict:
