@@ -161,19 +161,33 @@ def _check_drafters(drafters, B: int) -> list:
     return drafters
 
 
+def _batched_logits(hidden: torch.Tensor, drafts: list, logits_of) -> tuple[dict[int, torch.Tensor], float]:
+    """The LM head over every row acceptance will read, for all sequences in one product where a sequence's rows
+    are few (its root alone, or a tree of at most NodeLogits.EAGER_ROWS, which it reads whole anyway): on a CPU the
+    product is bound by reading the LM head's weights, once for the batch instead of once a sequence. -> ({b: its
+    rows' logits [n, V]}, seconds)."""
+    sizes = {b: 1 if d is None else d.buf.num_tokens for b, d in enumerate(drafts)}
+    eager = [b for b, n in sizes.items() if n <= NodeLogits.EAGER_ROWS]
+    if not eager:
+        return {}, 0.0
+    t0 = time.perf_counter()
+    out = logits_of(torch.cat([hidden[b, :sizes[b]] for b in eager]))
+    return dict(zip(eager, out.split([sizes[b] for b in eager]))), time.perf_counter() - t0
+
+
 def _accept(live: list[_Seq], drafts: list, hidden: torch.Tensor, logits_of, sampling: SamplingConfig):
     """Each sequence's rule on its own rows -> (paths, (drafted tokens, bonus) per sequence, LM-head seconds)."""
     rule = acceptance.ACCEPTANCE["greedy" if sampling.greedy else sampling.acceptance]
-    paths, emitted, lm_head = [], [], 0.0
+    computed, lm_head = _batched_logits(hidden, drafts, logits_of)
+    paths, emitted = [], []
     for b, (s, d) in enumerate(zip(live, drafts)):
         if d is None:                                                   # a plain step: the root's row alone
-            tl = time.perf_counter()
-            logits = logits_of(hidden[b, :1])[0]
-            lm_head += time.perf_counter() - tl
             paths.append([0])
-            emitted.append(([], _first_token(logits, sampling, s.generator, speculative=s.drafter is not None)))
+            emitted.append(([], _first_token(computed[b][0], sampling, s.generator, speculative=s.drafter is not None)))
             continue
         node_logits = NodeLogits(hidden[b, :d.buf.num_tokens], logits_of)
+        if b in computed:
+            node_logits.cache = dict(enumerate(computed[b]))
         path, bonus = rule(d.tokens, d.buf, node_logits, sampling, s.generator, d.draft_q)
         lm_head += node_logits.seconds
         paths.append(path)
