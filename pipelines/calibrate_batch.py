@@ -4,8 +4,9 @@ batched verify profile (results/calibrate/latency.json "batch", models.measure.l
 
     tokens/s at B = B x L / (verify_B(n + 1) + B x overhead)
 
-L the tree's predicted accepted length, verify_B the batched forward of B rows of n + 1 tokens, overhead the
-tree's drafting, acceptance and commit at batch 1 (a batch drafts one sequence at a time). Written to
+L the tree's predicted accepted length, verify_B the batched forward of B rows of n + 1 tokens with the LM head on
+every row (one product for the batch, as models/engine/batch.py runs it), overhead the tree's drafting, acceptance
+and commit at batch 1, its LM head left out (a batch drafts one sequence at a time). Written to
 results/calibrate/<heads>/batch_trees.json ({B: the tree}), which the batch curve decodes each B with.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ def batch_choices(rows: list[dict], batch: dict | None) -> dict[str, dict]:
     for B, seconds in zip(batch["batch_sizes"], batch["seconds"]):
         def tps(row):
             verify = interpolate_cost(batch["sizes"], seconds, row["budget"] + 1)
-            return B * row["predicted_accept_length"] / (verify + B * row["overhead_s"])
+            parts = row.get("step_parts_s") or {}
+            own = sum(parts[k] for k in ("draft", "accept", "commit")) if parts else row["overhead_s"]
+            return B * row["predicted_accept_length"] / (verify + B * own)
         best = max(rows, key=lambda r: (tps(r), -r["budget"]))
         out[str(B)] = {"name": f"batch_optimal_b{B}", "paths": best["paths"], "topk": best.get("topk", 10),
                        "budget": best["budget"], "shape": best.get("shape", "tree"),
