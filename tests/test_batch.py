@@ -300,3 +300,20 @@ def test_other_architectures_batch_losslessly(arch):
     alone = [generate(model, None, p, make(), max_new_tokens=20, stop_token_ids=[]).new_tokens for p in prompts]
     together = generate_batch(model, None, prompts, [make() for _ in prompts], max_new_tokens=20, stop_token_ids=[])
     assert [r.new_tokens for r in together] == alone
+
+
+def test_the_autoregressive_drafters_expand_every_sequences_frontier_in_one_forward(tiny, monkeypatch):
+    """A batch's fixed trees of one autoregressive drafter are drafted together (drafters/tree.py draft_many ->
+    models/shared/autoregressive/batch.py): one draft-module forward a depth for all sequences, the same drafts as
+    each sequence alone."""
+    from models.shared.autoregressive import batch as together
+
+    model, _, prompts = tiny
+    calls = []
+    scores = together.DraftBatch.scores
+    monkeypatch.setattr(together.DraftBatch, "scores", lambda self, f: calls.append(len(f)) or scores(self, f))
+    make = DRAFTERS["eagle3"](model)
+    alone = [generate(model, None, p, make(), max_new_tokens=NEW, stop_token_ids=[]).new_tokens for p in prompts]
+    res = generate_batch(model, None, prompts, [make() for _ in prompts], max_new_tokens=NEW, stop_token_ids=[])
+    assert [r.new_tokens for r in res] == alone
+    assert calls and max(calls) == len(prompts)           # every live sequence's frontier in one call

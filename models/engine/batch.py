@@ -9,7 +9,9 @@ The layout: one base cache for the batch (kv_cache.GrowingLayer, [B, kv_heads, L
 its sequence's committed positions in columns 0..past_b - 1; its columns past_b..L - 1 are garbage (a shorter
 prompt's padding, the rows of drafts it rejected), which its mask hides. A step (decoding.decode_step's, per row):
   1) draft:  each live sequence drafts below its own root with its own drafter (a drafter holds one sequence's
-             state: its caches, its history), at most as deep as its own context and token limit allow;
+             state: its caches, its history), at most as deep as its own context and token limit allow; fixed
+             trees of one kind are drafted together a depth at a time (drafters/tree.py draft_many: the
+             autoregressive drafters run every sequence's frontier in one forward);
   2) verify: the B trees, padded to the largest, in ONE forward, written at columns L..L + N - 1 of every row;
              row b's queries sit at positions past_b + depth and see its committed columns, its tree's ancestors
              and themselves, nothing else (a padding query sees itself only, so its softmax stays finite);
@@ -35,6 +37,7 @@ from models.engine.acceptance import NodeLogits, SamplingConfig
 from models.engine.decoding import GenerationResult, _first_token, _Output, _zero_timings, drafter_taps, \
     resolve_stop_ids
 from models.engine.drafters.base import DraftContext, StepDrafter
+from models.engine.drafters.tree import draft_many
 from models.engine.kv_cache import keep_accepted_rows, new_cache
 from models.engine.projection import base_logits
 from models.engine.taps import LayerTaps
@@ -209,11 +212,11 @@ def _step(decoder, logits_of, cache, live: list[_Seq], sampling, taps, max_pos: 
     """One batched step: draft -> verify -> accept -> commit (module docstring)."""
     device, dtype = cache.layers[0].keys.device, cache.layers[0].keys.dtype
     t1 = time.perf_counter()
-    drafts = []
-    for s in live:
-        depth = min(max_pos - 1 - s.past, s.out.max_new - len(s.out.tokens) - 1)
-        d = s.drafter.draft(s.root, depth) if s.drafter is not None else None
-        drafts.append(None if d is None or d.buf.num_tokens == 1 else d)
+    drafts = [None] * len(live)
+    if live[0].drafter is not None:                  # fixed trees drafted together where the drafters can (tree.py)
+        depths = [min(max_pos - 1 - s.past, s.out.max_new - len(s.out.tokens) - 1) for s in live]
+        drafts = [None if d is None or d.buf.num_tokens == 1 else d
+                  for d in draft_many([s.drafter for s in live], [s.root for s in live], depths)]
     t2 = time.perf_counter()
     L = cache.get_seq_length()
     hidden, tapped = _verify(decoder, drafts, live, cache, device, dtype, taps)

@@ -141,6 +141,37 @@ def draft_tree(proposer: Proposer, root: int | torch.Tensor, buf: TreeBuffers, s
     return tokens, (lambda node: full_vocabulary_q(q_of[node], proposer.draft_ids, proposer.vocab_size)), probs
 
 
+def draft_trees(proposers: list, roots: list[int], buf: TreeBuffers, sampling: SamplingConfig,
+                generators: list) -> list[torch.Tensor]:
+    """draft_tree for several sequences' proposers of one class on one tree (a batch: models/engine/batch.py), level
+    by level together: where the class has begin_many and scores_many, one call a level scores every sequence's
+    frontier; else each its own. Greedy or top-k drafts only (the children drawn from q and the node probabilities
+    a cut reads stay with draft_tree) -> each sequence's tokens [N], node 0 its root."""
+    device, cls = proposer_device(proposers[0]), type(proposers[0])
+    tokens = [torch.empty(buf.num_tokens, dtype=torch.long, device=device) for _ in proposers]
+    for t, root in zip(tokens, roots):
+        t[0] = root
+    begin_many, scores_many = getattr(cls, "begin_many", None), getattr(cls, "scores_many", None)
+    if begin_many is not None:
+        begin_many(proposers, roots, len(buf.levels))
+    else:
+        for p, root in zip(proposers, roots):
+            p.begin(root, len(buf.levels))
+    try:
+        for d, (level, here) in enumerate(zip(buf.levels, buf.levels_on(device))):
+            frontiers = [level_frontier(buf, d, t) for t in tokens]
+            rows = scores_many(proposers, frontiers) if scores_many is not None else \
+                [p.scores(f) for p, f in zip(proposers, frontiers)]
+            for p, t, logits, g in zip(proposers, tokens, rows, generators):
+                kids = select_children(logits, level.num_ranks, sampling, g)
+                slot = here.parent_slot if logits.shape[0] > 1 else torch.zeros_like(here.parent_slot)
+                t[here.nodes] = to_token_ids(p, kids.picks[slot, here.ranks])
+    finally:
+        for p in proposers:
+            p.end()
+    return tokens
+
+
 def to_token_ids(proposer: Proposer, picks: torch.Tensor) -> torch.Tensor:
     return picks if proposer.draft_ids is None else proposer.draft_ids.to(picks.device)[picks]
 

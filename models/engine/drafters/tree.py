@@ -14,7 +14,7 @@ from models.engine.drafters.base import Draft, DraftContext
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
 from models.engine.drafters.graphed import GraphedDraft, prepare_static, why_not_capturable
 from models.engine.drafters.grown import GrownTreeDrafter
-from models.engine.drafters.proposer import Proposer, draft_tree, proposer_for
+from models.engine.drafters.proposer import Proposer, draft_tree, draft_trees, proposer_for
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
 
 
@@ -76,6 +76,33 @@ class TreeDrafter:
             return self.graphed.summary()
         return {"mode": "eager", "tree": self.buf.spec.name, "nodes": self.buf.num_tokens - 1,
                 "fallback": self.not_graphed}
+
+
+def draft_many(drafters: list, roots: list[int], depths: list[int]) -> list[Draft | None]:
+    """The drafts of a batch's drafters (models/engine/batch.py), one per sequence: those that are eager fixed-tree
+    TreeDrafters drafting greedy or top-k children on the same (cut) tree go through proposer.draft_trees together,
+    the others draft alone."""
+    out: list[Draft | None] = [None] * len(drafters)
+    groups: dict[tuple, list[int]] = {}
+    for i, (d, depth) in enumerate(zip(drafters, depths)):
+        if isinstance(d, TreeDrafter) and not d.static and not d.want_probs and d.sampling is not None \
+                and not d.sampling.samples_drafts:
+            buf = d.buf.to_depth(depth)
+            groups.setdefault((id(buf), type(d.proposer)), []).append(i)
+        else:
+            out[i] = d.draft(roots[i], depth)
+    for members in groups.values():
+        if len(members) == 1:
+            i = members[0]
+            out[i] = drafters[i].draft(roots[i], depths[i])
+            continue
+        first = drafters[members[0]]
+        buf = first.buf.to_depth(depths[members[0]])
+        tokens = draft_trees([drafters[i].proposer for i in members], [roots[i] for i in members], buf,
+                             first.sampling, [drafters[i].generator for i in members])
+        for i, t in zip(members, tokens):
+            out[i] = Draft(buf, t)
+    return out
 
 
 def tree_drafter(heads, tree: TreeSpec | TreeBuffers | GrownTree, step_cost: list[float] | None = None,

@@ -233,4 +233,27 @@ class AutoregressiveProposer:
     def end(self) -> None:
         if self.static is None:
             self._cache.crop(self.accepted - self._cache.get_seq_length())                      # drafted rows off
-        self.pred, self.run, self.root_logits = None, None, None
+        self.pred, self.run, self.root_logits, self.together = None, None, None, None
+
+    # -- a batch's trees, drafted together (models/engine/drafters/proposer.py draft_trees) ------------------------
+    together = None                    # the DraftBatch this proposer drafts in, between begin_many and end
+
+    @staticmethod
+    def begin_many(proposers: list, roots: list[int], depth: int) -> None:
+        """Each proposer's begin (its pending pairs and its root's, one forward each), then, where every one of them
+        folded its root, one DraftBatch for the depths below (models/shared/autoregressive/batch.py)."""
+        from models.shared.autoregressive.batch import DraftBatch
+
+        for p, root in zip(proposers, roots):
+            p.begin(root, depth)
+        if depth > 1 and all(p.root_logits is not None for p in proposers):
+            batch = DraftBatch(proposers)
+            for p in proposers:
+                p.together = batch
+
+    @staticmethod
+    def scores_many(proposers: list, frontiers: list) -> list[torch.Tensor]:
+        batch = proposers[0].together
+        if frontiers[0].depth == 0 or batch is None:
+            return [p.scores(f) for p, f in zip(proposers, frontiers)]
+        return batch.scores(frontiers)
