@@ -11,14 +11,11 @@ embedding and LM head from the verifier), then runs the library's anchored-block
 leaves a whole block; the anchors and the logits of every block position go to O, with every file tensor compared
 to the loaded model's.
 """
-import argparse
-import json
-from importlib.metadata import version
 
 import torch
 from safetensors.torch import load_file
 from speculators import SpeculatorModel
-from speculators_draft import loading_report     # the EAGLE-3 runner's, beside this one: transformers' own report
+from speculators_draft import runner_main     # the EAGLE-3 runner's, beside this one: the report, the I/O
 
 
 def run(draft: str, inputs: dict) -> dict:
@@ -42,16 +39,7 @@ def run(draft: str, inputs: dict) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--inputs", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    result = {"versions": {p: version(p) for p in ("speculators", "transformers", "torch")},
-              "loading_report": loading_report(args.draft),
-              **run(args.draft, torch.load(args.inputs, weights_only=True))}
-    with open(args.out, "w") as f:
-        json.dump(result, f, default=str)
+    runner_main(__doc__.split("\n")[0], run, lambda path: torch.load(path, weights_only=True))
 
 
 if __name__ == "__main__":

@@ -51,17 +51,22 @@ def run(draft: str, inputs: dict) -> dict:
             "config": model.config.to_dict()}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def runner_main(description: str, run, read_inputs) -> None:
+    """What the speculators runners share (this one and speculators_dflash.py): --draft, --inputs, --out; the library
+    versions, transformers' loading report and run(draft, inputs) written to --out."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    inputs = json.loads(open(args.inputs).read())
     result = {"versions": {p: version(p) for p in ("speculators", "transformers", "torch")},
-              "loading_report": loading_report(args.draft), **run(args.draft, inputs)}
+              "loading_report": loading_report(args.draft), **run(args.draft, read_inputs(args.inputs))}
     with open(args.out, "w") as f:
         json.dump(result, f, default=str)
+
+
+def main():
+    runner_main(__doc__.split("\n")[0], run, lambda path: json.loads(open(path).read()))
 
 
 if __name__ == "__main__":
