@@ -12,6 +12,7 @@ mean of per-question ratios with its interval (a batch of one question is a ques
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,6 @@ SUFFIXES = {"batch": ("alone", "optimal"), "batch_pld": ("with prompt lookup", "
 
 
 def load_batch_runs(folder: Path) -> dict[str, dict]:
-    import json
-
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*/batch.json"))}
 
 

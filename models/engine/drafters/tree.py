@@ -92,10 +92,6 @@ def draft_many(drafters: list, roots: list[int], depths: list[int]) -> list[Draf
         else:
             out[i] = d.draft(roots[i], depth)
     for members in groups.values():
-        if len(members) == 1:
-            i = members[0]
-            out[i] = drafters[i].draft(roots[i], depths[i])
-            continue
         first = drafters[members[0]]
         buf = first.buf.to_depth(depths[members[0]])
         tokens = draft_trees([drafters[i].proposer for i in members], [roots[i] for i in members], buf,
