@@ -317,3 +317,27 @@ def test_the_autoregressive_drafters_expand_every_sequences_frontier_in_one_forw
     res = generate_batch(model, None, prompts, [make() for _ in prompts], max_new_tokens=NEW, stop_token_ids=[])
     assert [r.new_tokens for r in res] == alone
     assert calls and max(calls) == len(prompts)           # every live sequence's frontier in one call
+
+
+def test_dflash_drafts_every_sequences_block_in_one_forward(tiny, monkeypatch):
+    """A batch's DFlash blocks run in one forward of the module (DFlashProposer.begin_many: each row its own cached
+    and new context, the padding hidden), and each sequence's answer is its batch-1 answer."""
+    from models.methods.dflash.dflash import DFlashModule
+
+    from models.methods.dflash.seeded import fit_to_greedy
+
+    model, _, prompts = tiny
+    heads = heads_of(model, "dflash", layers=2)
+    seqs = [p + generate(model, None, p, max_new_tokens=NEW, stop_token_ids=[]).new_tokens for p in prompts]
+    fit_to_greedy(model, heads, seqs, steps=15, depths=4)              # drafts accepted at some steps
+    make = lambda: heads_drafter(heads, TREE)                           # noqa: E731
+    alone = [generate(model, None, p, make(), max_new_tokens=NEW, stop_token_ids=[]) for p in prompts]
+    assert any(max(r.accept_lengths) > 1 for r in alone)
+    rows = []
+    forward = DFlashModule.forward
+    monkeypatch.setattr(DFlashModule, "forward", lambda self, f, b, *a, **k: rows.append(b.shape[0]) or
+                        forward(self, f, b, *a, **k))
+    res = generate_batch(model, None, prompts, [make() for _ in prompts], max_new_tokens=NEW, stop_token_ids=[])
+    assert [r.new_tokens for r in res] == [r.new_tokens for r in alone]
+    assert [r.accept_lengths for r in res] == [r.accept_lengths for r in alone]     # the same drafts accepted
+    assert max(rows) == len(prompts)

@@ -77,6 +77,55 @@ class DFlashProposer:
         self.cache.crop(P)                                                                  # the block's rows off
         self.rows = project(self.linear, out[1:depth + 1].to(self.linear.weight.dtype))    # [depth, Vd]
 
+    @staticmethod
+    @torch.no_grad()
+    def begin_many(proposers: list, roots: list[int], depth: int) -> None:
+        """begin for a batch's sequences (models/engine/drafters/proposer.py draft_trees) in one forward: each row its
+        cached context (right-padded to the longest), its new context rows (padded likewise) and its block at its
+        own positions, the padding hidden; then each sequence's new context rows go into its own cache, as begin
+        leaves them."""
+        if depth == 0 or len(proposers) == 1:
+            for p, root in zip(proposers, roots):
+                p.begin(root, depth)
+            return
+        first = proposers[0]
+        if depth > first.max_depth:
+            raise ValueError(f"a DFlash block of {first.max_depth + 1} tokens drafts at most {first.max_depth} deep, "
+                             f"not {depth}")
+        module, device, B, Q = first.module, first.device, len(proposers), first.module.block_size
+        feats = [torch.cat([h for h, _ in p.pending]) if p.pending else
+                 torch.zeros(0, module.fc.in_features, device=device) for p in proposers]
+        cached, new = [p.cache.length for p in proposers], [f.shape[0] for f in feats]
+        S, M = max(cached), max(new)
+        ctx = torch.zeros(B, M, module.fc.in_features, device=device)
+        block = torch.full((B, Q), module.mask_token_id, dtype=torch.long, device=device)
+        pos = torch.zeros(B, M + Q, dtype=torch.long, device=device)
+        visible = torch.zeros(B, 1, Q, S + M + Q, dtype=torch.bool, device=device)
+        for b, (p, f, root) in enumerate(zip(proposers, feats, roots)):
+            ctx[b, :new[b]] = f.to(device)
+            block[b, 0] = int(root)
+            pos[b, :new[b]] = torch.arange(cached[b], cached[b] + new[b], device=device)
+            pos[b, M:] = torch.arange(cached[b] + new[b], cached[b] + new[b] + Q, device=device)
+            visible[b, ..., :cached[b]] = True
+            visible[b, ..., S:S + new[b]] = True
+        visible[..., S + M:] = True                                          # the block sees itself both ways
+        cache = module.new_cache()
+        for i in range(len(module.layers)):
+            if S:
+                k0 = next(p.cache.k[i] for p in proposers if p.cache.k[i] is not None)
+                shape = (B, k0.shape[1], S, k0.shape[-1])
+                k, v = k0.new_zeros(shape), k0.new_zeros(shape)
+                for b, p in enumerate(proposers):
+                    if cached[b]:
+                        k[b, :, :cached[b]], v[b, :, :cached[b]] = p.cache.k[i][0], p.cache.v[i][0]
+                cache.k[i], cache.v[i] = k, v
+        out = module(ctx, block, pos, cache=cache, mask=visible)                        # [B, Q, h]
+        rows = project(first.linear, out[:, 1:depth + 1].reshape(B * depth, -1).to(first.linear.weight.dtype))
+        for b, p in enumerate(proposers):
+            for i in range(len(module.layers)):                  # its new context rows into its own cache
+                p.cache.extend(i, cache.k[i][b:b + 1, :, S:S + new[b]], cache.v[i][b:b + 1, :, S:S + new[b]])
+            p.pending, p.rows = [], rows[b * depth:(b + 1) * depth]
+
     def scores(self, frontier: Frontier) -> torch.Tensor:
         return self.rows[frontier.depth:frontier.depth + 1]                                 # [1, Vd]
 
