@@ -99,15 +99,14 @@ def _prefill(decoder, logits_of, prompts: list[list[int]], seqs: list[_Seq], sam
     visible = (pos[None, :, None] >= pos[None, None, :]) & (pos[None, None, :] < lengths[:, None, None])
     positions = pos.expand(len(prompts), T)
     mask = attention_masks(decoder.config, visible, positions, positions, dtype)
-    drafters = [s.drafter for s in seqs]
-    with LayerTaps(decoder, drafter_taps(drafters[0])) as tapped:
+    with LayerTaps(decoder, drafter_taps(seqs[0].drafter)) as tapped:
         hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True).last_hidden_state                                   # [B, T, h]
     features = hidden if not tapped.taps else tapped.features()
-    last = hidden[torch.arange(len(prompts), device=device), lengths - 1]                  # [B, h]
+    last = logits_of(hidden[torch.arange(len(prompts), device=device), lengths - 1])       # [B, V]: one LM head
     for b, (s, p) in enumerate(zip(seqs, prompts)):
         s.past = len(p)
-        s.root = _first_token(logits_of(last[b:b + 1])[0], sampling, s.generator, speculative=s.drafter is not None)
+        s.root = _first_token(last[b], sampling, s.generator, speculative=s.drafter is not None)
         if s.drafter is not None:
             s.drafter.start(DraftContext(ids[b, :len(p)], features[b, :len(p)], sampling, s.generator))
 
