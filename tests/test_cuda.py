@@ -98,6 +98,27 @@ def test_step_timing_synchronises_the_gpu(monkeypatch):
     assert state.sync is None                       # set for the timing only
 
 
+@pytest.mark.parametrize("tree_name", [None, "sparse64"])
+def test_captured_static_steps_across_span_boundaries_decode_what_the_eager_step_decodes(tree_name, monkeypatch):
+    """The static step's attention reads the filled span of its cache (spans of 16 slots here): a decode crossing
+    span boundaries replays a graph per (verify size, span), more than one span captured, and gives the eager
+    tokens (float32)."""
+    from models.engine import static_step
+
+    monkeypatch.setattr(static_step, "SPAN_STEP", 16)
+    model, tok = cuda_model()
+    ids = prompt_ids(tok)
+    drafter = heads_drafter(cuda_heads(model, "draft_model"), TREES[tree_name]) if tree_name else None
+    eager = generate(model, tok, ids, drafter, max_new_tokens=48, stop_token_ids=[], static=False)
+    state = prefill(model, torch.tensor([ids], device=CUDA), SamplingConfig(), drafter=drafter)
+    static = static_step.attach_static(state, drafter, max_new_tokens=48)
+    graphs = generate(model, tok, ids, drafter, max_new_tokens=48, stop_token_ids=[], static=True, static_drafts=False)
+    assert static.mode == "cuda_graphs" and static.fallback == {}
+    assert graphs.new_tokens == eager.new_tokens
+    spans = {span for _, span in static.graphs}
+    assert len(spans) > 1 and max(spans) <= static.cache.capacity and all(s % 16 == 0 for s in spans)
+
+
 @pytest.mark.parametrize("family", ["medusa", "eagle"])
 def test_the_draft_profile_counts_the_gpu_kernels_of_a_draft(family):
     from models.measure.draft_profile import draft_profile
@@ -184,3 +205,41 @@ def test_the_calibrate_stage_runs_on_the_gpu_under_the_host_settings(tmp_path):
     metrics = [json.loads(p.read_text()) for p in (tmp_path / "reports" / "metrics").glob("*.json")]
     assert metrics and all(m["host"]["device"] == "cuda" for m in metrics)
     assert_gpu_host_record(metrics[0]["host"])
+
+
+def test_eagle3_under_the_static_step_decodes_the_eager_steps_tokens_from_captured_graphs():
+    """EAGLE-3 (taps (2, 1, 1): tap 2 is the last layer's output before the final norm) with the base step captured
+    as CUDA graphs, its taps copied into the StaticDecoder's buffer by kernels of each graph: the eager step's
+    greedy tokens; and a replayed step's taps (a second step at a captured size, so no hook ran for it) are
+    LayerTaps' features of the same step run eagerly."""
+    from types import SimpleNamespace
+
+    from models.engine.static_step import attach_static
+    from models.engine.taps import LayerTaps, step_taps
+    from tests.test_static_taps import eagle3_lookup, forward, tree_step
+
+    model, tok = cuda_model()
+    heads = cuda_heads(model, "eagle3")
+    ids = cyclic_prompt(model, tok)
+    base = generate(model, tok, ids, max_new_tokens=32, stop_token_ids=[], static=False)
+    drafter = eagle3_lookup(heads)
+    with torch.inference_mode():
+        state = prefill(model, torch.tensor([ids], device=CUDA), SamplingConfig(), drafter=drafter)
+        static = attach_static(state, drafter, max_new_tokens=32)
+    assert static.mode == "cuda_graphs" and static.static_taps == drafter.taps == (2, 1, 1)
+    res = generate(model, tok, ids, drafter, max_new_tokens=32, stop_token_ids=[], static=True)
+    assert res.new_tokens == base.new_tokens and max(res.accept_lengths) > 2
+    assert static.graphs and static.fallback == {}
+    prompt = torch.tensor([ids[:17]], device=CUDA)
+    with torch.inference_mode():
+        eager, state = prefill(model, prompt, SamplingConfig()), prefill(model, prompt, SamplingConfig())
+        static = attach_static(state, SimpleNamespace(taps=drafter.taps), max_new_tokens=16)
+        for first in (3, 40):                                       # one verify size and span: captured, then replayed
+            tokens, buf = tree_step(first)
+            with LayerTaps(eager.decoder, drafter.taps) as plain:
+                forward(eager.decoder, eager.cache, eager.past, (tokens.to(CUDA), buf))
+            with step_taps(state.decoder, drafter.taps) as written:
+                forward(state.decoder, state.cache, state.past, (tokens.to(CUDA), buf))
+            torch.testing.assert_close(written.features(), plain.features(), rtol=1e-3, atol=1e-3)
+            eager.past = state.past = state.cache.get_seq_length()
+    assert static.graphs and static.fallback == {}

@@ -7,6 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from models.base import build_tiny_model
 from models.engine import decoding
 from models.engine import static_step
 from models.engine.acceptance import SamplingConfig
@@ -49,7 +50,8 @@ def test_capture_that_cannot_run_falls_back_to_the_eager_forward(tiny_model):
     assert isinstance(state.decoder, StaticDecoder) and static.mode == "cuda_graphs"
     tokens = [decoding.decode_step(state)[0][0] for _ in range(4)]
     assert tokens == generate(model, None, PROMPT, max_new_tokens=5, stop_token_ids=[], static=False).new_tokens[1:]
-    assert list(static.fallback) == [1] and static.graphs == {}
+    assert list(static.fallback) == [(1, static_step.SPAN_STEP)] and static.graphs == {}
+    assert static_step.static_summaries()[-1]["fallback"][0][:2] == [1, static_step.SPAN_STEP]
 
 
 def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
@@ -62,9 +64,9 @@ def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
     n = buf.num_tokens                                                        # 5 with the root: padded to 8
     mask = verify_masks(model.config, buf, past, torch.float32, "cpu")
     ids = torch.arange(1, n + 1).unsqueeze(0)
-    b = static.fill(ids, mask, (buf.depth + past).unsqueeze(0), past)
+    b, span = static.fill(ids, mask, (buf.depth + past).unsqueeze(0), past)
     lowest = torch.finfo(torch.float32).min
-    assert b == 8 and static.bucket(1) == 1 and static.bucket(9) == 9
+    assert b == 8 and span == static_step.SPAN_STEP and static.bucket(1) == 1 and static.bucket(9) == 9
     assert static.ids[0, :b].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
     assert static.position_ids[0, :n].tolist() == (buf.depth + past).tolist()
     assert static.positions[:b].tolist() == list(range(past, past + b))       # the cache slots each row writes
@@ -76,13 +78,11 @@ def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
         static.fill(ids, mask, (buf.depth + past).unsqueeze(0), static.cache.capacity - 4)
 
 
-def test_drafters_reading_intermediate_layers_stay_eager(tiny_model):
-    model, _ = tiny_model
-    heads = build_heads(HeadsConfig.for_base(model, "eagle3", 4, 1, share_lm_head=True), model).eval()
-    drafter = make_drafter({"kind": "heads", "tree": tree_from_config({"name": "c", "kind": "chain", "topk": 10,
-                                                                       "depth": 2})}, heads=heads)
-    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig(), drafter=drafter)
-    assert attach_static(state, drafter, max_new_tokens=8) is None and not isinstance(state.decoder, StaticDecoder)
+def test_sliding_window_models_stay_eager():
+    """Their per-layer masks do not fit the static step's one mask buffer (EAGLE-3's taps do: test_static_taps.py)."""
+    model, _ = build_tiny_model("mistral", sliding_window=24)
+    state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
+    assert attach_static(state, None, max_new_tokens=8) is None and not isinstance(state.decoder, StaticDecoder)
 
 
 def test_the_host_settings_turn_the_static_step_on(tiny_model, monkeypatch):
@@ -142,3 +142,48 @@ def test_the_verify_profile_takes_the_static_step_when_asked(tiny_model):
     prof = verify_latency_profile(model, [1, 4, 16], repeats=1, prefix_len=20, static=True)
     assert prof["static"] and prof["sizes"] == [1, 4, 16] and all(t > 0 for t in prof["forward_lm_head_s"])
     assert verify_latency_profile(model, [1, 4], repeats=1, prefix_len=20)["static"] is False   # a CPU: host says no
+
+
+def test_the_span_is_the_filled_slots_rounded_up_to_the_span_step_within_the_capacity(monkeypatch):
+    from models.engine.kv_cache import StaticCache
+
+    monkeypatch.setattr(static_step, "SPAN_STEP", 16)
+    span_of = static_step.span_of
+    assert [span_of(0, 1, 64), span_of(15, 1, 64), span_of(16, 1, 64), span_of(40, 8, 64)] == [16, 16, 32, 48]
+    assert span_of(60, 4, 64) == 64 and span_of(50, 16, 70) == 70          # never past the capacity
+    positions = torch.arange(4)
+    cache = StaticCache(2, 64, positions)
+    keys, values = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    assert cache.layers[0].update(keys, values)[0].shape[-2] == 64          # by default: the whole capacity
+    cache.set_span(32)
+    k, v = cache.layers[0].update(keys, values)
+    full_k, full_v = cache.layers[0].storage()
+    assert k.shape[-2] == v.shape[-2] == 32 and full_k.shape[-2] == 64      # views; storage() stays full
+    assert k.data_ptr() == full_k.data_ptr() and v.data_ptr() == full_v.data_ptr() and torch.equal(k[:, :, :4], keys)
+    with pytest.raises(ValueError, match="span"):
+        cache.set_span(65)
+
+
+@pytest.mark.parametrize("tree_name", [None, "sparse64"])
+def test_a_decode_across_span_boundaries_decodes_what_the_eager_step_decodes(tiny_model, tree_name, monkeypatch):
+    """Spans of 16 slots: the answer's steps attend to ever longer spans (each past + verify size rounded up, within
+    the capacity) and still decode the eager tokens."""
+    model, _ = tiny_model
+    monkeypatch.setattr(static_step, "SPAN_STEP", 16)
+    ran, run = [], StaticDecoder.run
+
+    def recording(self, key):
+        past, layer = self.cache.get_seq_length(), self.cache.layers[0]
+        ran.append((past, key, self.cache.capacity))
+        out = run(self, key)
+        assert layer.span == key[1] and layer.keys.shape[-2] == past      # attention read span slots; cache unchanged
+        return out
+
+    monkeypatch.setattr(StaticDecoder, "run", recording)
+    eager = generate(model, None, PROMPT, max_new_tokens=40, stop_token_ids=[], static=False)
+    drafter = exact_drafter(model, tree_name) if tree_name else None
+    static = generate(model, None, PROMPT, drafter, max_new_tokens=40, stop_token_ids=[], static=True)
+    assert static.new_tokens == eager.new_tokens
+    for past, (b, span), capacity in ran:
+        assert span == min(capacity, -(-(past + b) // 16) * 16) and past + b <= span <= capacity
+    assert len({span for _, (_, span), _ in ran}) >= 3                      # two or more span boundaries crossed

@@ -38,11 +38,12 @@ import torch
 
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
-from models.engine.drafters.base import DraftContext, StepDrafter
+from models.engine.device_step import accept_on_device, verify_device_tree
+from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
 from models.engine.kv_cache import keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
 from models.engine.static_step import attach_static
-from models.engine.taps import LayerTaps
+from models.engine.taps import LayerTaps, step_taps
 from models.engine.trees import TreeBuffers
 from models.hardware import applied_host_settings
 
@@ -144,14 +145,19 @@ def verify_masks(config, buf: TreeBuffers, past: int, dtype: torch.dtype, device
     (Mistral), else {"full_attention": ..., "sliding_attention": ...} per layer type (Qwen2, Gemma-2), the
     mapping these models' forward accepts in place of a mask.
     """
-    N = buf.num_tokens
+    return tree_masks(config, buf.additive_mask(dtype, device), buf.depth.to(device), past, dtype, device)
+
+
+def tree_masks(config, tree_part: torch.Tensor, depth: torch.Tensor, past: int, dtype: torch.dtype,
+               device) -> torch.Tensor | dict:
+    """verify_masks from the tree's additive part [1, 1, N, N] and its depths [N], both on `device`."""
+    N = depth.numel()
     full = torch.zeros(1, 1, N, past + N, dtype=dtype, device=device)          # prefix columns: all visible
-    full[..., past:] = buf.additive_mask(dtype, device)                        # tree part: ancestors + self
+    full[..., past:] = tree_part                                               # tree part: ancestors + self
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if not window or (types is not None and "sliding_attention" not in types):
         return full
-    depth = buf.depth.to(device)
     key_pos = torch.cat([torch.arange(past, device=device), past + depth])    # [past + N]
     too_far = (past + depth)[:, None] - key_pos[None, :] >= window             # [N, past + N]
     sliding = full.masked_fill(too_far, torch.finfo(dtype).min)
@@ -220,6 +226,10 @@ class DecodeState:
         return time.perf_counter()
 
 
+def _tree_masks_of(state: DecodeState):
+    return functools.partial(tree_masks, state.decoder.config)
+
+
 def drafter_taps(drafter) -> tuple[int, ...]:
     """The base states a drafter reads in place of the final hidden states (EAGLE-3), or none."""
     return tuple(getattr(drafter, "taps", ()) or ()) if drafter is not None else ()
@@ -249,38 +259,24 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     t1 = state.clock()
     root, past, timings = state.root, state.past, state.timings
     draft = drafter.draft(root, max_depth) if drafter is not None else None
-    buf, tokens, draft_q = (draft.buf, draft.tokens, draft.draft_q) if draft is not None else (None, None, None)
-    tapped = LayerTaps(state.decoder, drafter_taps(drafter))                 # hooks only when the drafter reads taps
+    tapped = step_taps(state.decoder, drafter_taps(drafter))   # hooks, or the static step's buffer, for a drafter's taps
     t2 = state.clock()
-    if buf is None or buf.num_tokens == 1:
-        # a) plain step: the root alone, causal, no mask needed
-        with tapped:
+    with tapped:                      # b) verify: one forward over the root and the tree (the root alone: plain)
+        if isinstance(draft, DeviceTree):
+            hidden = verify_device_tree(state.decoder, draft, state.cache, past, state.dtype, _tree_masks_of(state))
+        elif draft is None or draft.buf.num_tokens == 1:
             hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
                                    position_ids=torch.tensor([[past]], device=state.device),
-                                   past_key_values=state.cache, use_cache=True).last_hidden_state[0]     # [1, h]
-        t_fwd = state.clock()
-        logits = state.base_logits(hidden)[0]                                                       # [V]
-        t3 = state.clock()
-        bonus = _first_token(logits, state.sampling, state.generator, speculative=drafter is not None)
-        t4 = state.clock()
-        path, drafts = [0], []
-        timings["verify"] += t3 - t2
-        timings["lm_head"] += t3 - t_fwd
-        timings["accept"] += t4 - t3
-    else:
-        # b) verify the tree in one forward, c) accept (the LM head runs only on the rows the rule reads)
-        with tapped:
-            hidden = verify_tree(state.decoder, tokens, buf, state.cache, past, state.dtype)         # [N, h]
-        t3 = state.clock()
-        node_logits = NodeLogits(hidden, state.base_logits)
-        rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
-        path, bonus = rule(tokens, buf, node_logits, state.sampling, state.generator, draft_q)
-        t4 = state.clock()
-        keep_accepted(state.cache, past, path, buf.num_tokens)    # only the accepted path stays in the cache
-        drafts = tokens[path[1:]].tolist()
-        timings["verify"] += t3 - t2 + node_logits.seconds        # forward + LM head
-        timings["lm_head"] += node_logits.seconds
-        timings["accept"] += t4 - t3 - node_logits.seconds
+                                   past_key_values=state.cache, use_cache=True).last_hidden_state[0]
+        else:
+            hidden = verify_tree(state.decoder, draft.tokens, draft.buf, state.cache, past, state.dtype)  # [N, h]
+    t3 = state.clock()
+    path, drafts, bonus, lm_head = _accept(state, draft, hidden, speculative=drafter is not None)   # c) accept
+    t4 = state.clock()
+    keep_accepted(state.cache, past, path, hidden.shape[0])      # only the accepted path stays in the cache
+    timings["verify"] += t3 - t2 + lm_head                        # forward + LM head
+    timings["lm_head"] += lm_head
+    timings["accept"] += t4 - t3 - lm_head
     # d) commit: the drafter's state follows the accepted path
     if drafter is not None:
         features = hidden if not tapped.taps else tapped.features()[0]                 # [N, w]
@@ -289,6 +285,25 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     timings["draft"] += t2 - t1
     timings["commit"] += state.clock() - t4
     return drafts + [bonus], len(drafts)
+
+
+def _accept(state: DecodeState, draft, hidden: torch.Tensor, speculative: bool) -> tuple[list[int], list[int], int, float]:
+    """The verified step's acceptance -> (path, accepted drafts, bonus, seconds of LM head in it). The LM head runs
+    on every row of a plain step and a device tree, on the rows the host rule reads of a tree (NodeLogits)."""
+    start = state.clock()
+    if isinstance(draft, DeviceTree):
+        logits = state.base_logits(hidden)                                                       # [K, V]
+        lm_head = state.clock() - start
+        path, drafts, bonus = accept_on_device(draft, logits)
+        return path, drafts, bonus, lm_head
+    if draft is None or draft.buf.num_tokens == 1:
+        logits = state.base_logits(hidden)[0]                                                    # [V]
+        lm_head = state.clock() - start
+        return [0], [], _first_token(logits, state.sampling, state.generator, speculative), lm_head
+    node_logits = NodeLogits(hidden, state.base_logits)
+    rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
+    path, bonus = rule(draft.tokens, draft.buf, node_logits, state.sampling, state.generator, draft.draft_q)
+    return path, draft.tokens[path[1:]].tolist(), bonus, node_logits.seconds
 
 
 @torch.inference_mode()

@@ -12,7 +12,8 @@ and step (about 15% of a 1-token step of SmolLM2 at 600 cached tokens on a CPU).
 keeps keys/values [B, kv_heads, capacity, head_dim] with spare room, writes new rows in place and
 hands the attention a view of the filled part; capacity doubles when full. It is still a cache
 the model's normal forward drives through its public update() API. StaticLayer and StaticCache are its fixed-capacity
-form, which the static step (models/engine/static_step.py) and a drafter's static cache replay at fixed addresses.
+form, which the static step (models/engine/static_step.py) and a drafter's static cache replay at fixed addresses;
+their attention reads the first `span` slots (the static step sets it per step; by default the whole capacity).
 """
 from __future__ import annotations
 
@@ -137,11 +138,12 @@ def keep_accepted_rows(cache: DynamicCache, base: int, pasts: list[int], paths: 
 
 class StaticLayer(GrowingLayer):
     """A GrowingLayer of fixed capacity: new rows go to the slots in `positions` (a device tensor the step fills),
-    and attention gets every slot (the mask hides the unfilled ones), so no shape or address ever changes."""
+    and attention gets the first `span` slots (the mask hides the unfilled ones) as views that start at the
+    storage's own address, so for a given span no shape or address ever changes."""
 
     def __init__(self, capacity: int, positions: torch.Tensor):
         super().__init__()
-        self.capacity, self.positions = capacity, positions
+        self.capacity, self.positions, self.span = capacity, positions, capacity
 
     def _reserve(self, need: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
         if need > self.capacity:
@@ -158,7 +160,7 @@ class StaticLayer(GrowingLayer):
         pos = self.positions[:key_states.shape[-2]]
         self._k.index_copy_(2, pos, key_states)
         self._v.index_copy_(2, pos, value_states)
-        return self._k, self._v                       # the length is set by the step (StaticDecoder), not here
+        return self._k[:, :, :self.span], self._v[:, :, :self.span]    # the length is set by the step, not here
 
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Start from these filled rows [B, kv_heads, n, head_dim] (another cache's), in the same storage as
@@ -183,7 +185,15 @@ class StaticCache(Cache):
 
     def __init__(self, num_layers: int, capacity: int, positions: torch.Tensor):
         super().__init__(layers=[StaticLayer(capacity, positions) for _ in range(num_layers)])
-        self.capacity = capacity
+        self.capacity = self.span = capacity
+
+    def set_span(self, span: int) -> None:
+        """Attention reads slots 0..span-1 from the next forward on (a graph captured at a span keeps reading it)."""
+        if not 0 < span <= self.capacity:
+            raise ValueError(f"a span of {span} slots in a static cache of {self.capacity}")
+        self.span = span
+        for layer in self.layers:
+            layer.span = span
 
     def load(self, cache: Cache) -> None:
         """Copy the filled rows of another cache (the prefill's) into this one."""

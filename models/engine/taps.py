@@ -10,6 +10,10 @@ Tap i is the output of decoder layer i - 1, i.e. the input of layer i: transform
 hidden_states[L] is after it); only a clamped tap of a 1- or 2-layer test model is L. A forward hook on layer
 i - 1 records it, so the forward is not run a second time and the other layers' states are never kept. With no
 taps the context does nothing.
+
+The decode step takes its recorder from step_taps(decoder, taps): LayerTaps, or, for a decoder that writes its taps
+itself inside its forward (the static step's StaticDecoder, whose captured CUDA graphs replay no Python hook:
+models/engine/static_step.py), that decoder's `taps_for(taps)`, a WrittenTaps with the same interface.
 """
 from __future__ import annotations
 
@@ -51,6 +55,30 @@ class LayerTaps:
         if missing:
             raise RuntimeError(f"no forward ran through the layers of taps {missing} inside the context")
         return torch.cat([self.outputs[i] for i in self.taps], dim=-1)
+
+
+class WrittenTaps:
+    """LayerTaps' interface (a context, `.taps`, features()) over taps a decoder writes itself during its forward:
+    features() is read(taps), the last forward's [B, T, len(taps) * h] as a tensor of its own (None without taps)."""
+
+    def __init__(self, taps: tuple[int, ...] | list[int], read):
+        self.taps, self.read = tuple(int(i) for i in taps), read
+
+    def __enter__(self) -> "WrittenTaps":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def features(self) -> torch.Tensor | None:
+        return self.read(self.taps) if self.taps else None
+
+
+def step_taps(decoder, taps: tuple[int, ...] | list[int]) -> "LayerTaps | WrittenTaps":
+    """The taps recorder of one step's forward through `decoder`: its own (`decoder.taps_for(taps)`) where it writes
+    its taps itself, else LayerTaps' hooks."""
+    own = getattr(decoder, "taps_for", None)
+    return own(taps) if own is not None else LayerTaps(decoder, taps)
 
 
 @torch.no_grad()

@@ -44,7 +44,7 @@ from models.base import DTYPES, build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafting import make_drafter
 from models.engine.static_step import static_summaries
-from models.engine.trees import tree_from_config
+from models.engine.trees import GrownTree, tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.shared import HeadsConfig
 from models.methods import build_heads
@@ -53,6 +53,7 @@ from models.measure.latency import batch_verify_profile, verify_latency_profile
 from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
 from pipelines.common import conf_option, git_commit, log, stage, write_json
+from pipelines.bench.verify import same_size_fixed
 from pipelines.host import apply_host
 
 # The papers' shapes, as configs (no weights, no download). Vicuna-7B is Llama-7B's shape.
@@ -83,7 +84,9 @@ FIGURES = {
                     "B (the baseline's batched step): the cost side of speculation against the batch size",
     "drafting": "per family and tree, ms a step of generate() with that drafter: draft, verify (forward incl. LM "
                 "head rows), lm_head, accept, commit and the whole step (step_ms); eagle2 is the grown tree "
-                "(conf/tree/eagle2.yaml), its size set by the random heads' probabilities; a head config's bench_trees add "
+                "(conf/tree/eagle2.yaml; under static drafts grown at fixed shapes on the device and replayed as a graph), "
+                "followed by fixed<n>, a fixed tree of as many verified tokens (grown_over_fixed: the grown step over "
+                "its); step_plain_steps, draft_plain_steps: in plain steps; a head config's bench_trees add "
                 "its own shape (DFlash's block of 16 as a chain, conf/tree/chain15.yaml)",
     "plain_tokens_equal_host_settings": "under static_step: the plain step's greedy tokens equal those of the eager "
                                         "host_settings run on the same prompt (bf16: a tie may flip one)",
@@ -181,7 +184,7 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
     out = {}
     for name, h in family_heads(cfg, s["families"]):
         own = list(h.get("bench_trees") or [])            # a head config's own shape (DFlash: its block as a chain)
-        trees = {t: tree_from_config(conf_option("tree", t)) for t in [*s["trees"], *own]}
+        trees = with_fixed_twins({t: tree_from_config(conf_option("tree", t)) for t in [*s["trees"], *own]})
         torch.manual_seed(0)
         config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
                                       share_lm_head=bool(h.get("share_lm_head", False)))
@@ -205,9 +208,32 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
             if s["profile_drafting"]:
                 row[tname]["profile"] = draft_profile(model, drafter, prompt, repeats=int(s["profile_repeats"]),
                                                       static_drafts=static_drafts)
+        for tname, tree in trees.items():             # a grown tree's step over its fixed twin's (as many tokens)
+            if isinstance(tree, GrownTree) and f"fixed{tree.nodes}" in row:
+                row[tname]["grown_over_fixed"] = round(row[tname]["step_ms"] / row[f"fixed{tree.nodes}"]["step_ms"], 3)
         out[h["family"]] = {"heads": name, **row}
         del heads
     return out
+
+
+def with_fixed_twins(trees: dict) -> dict:
+    """The trees, each grown one followed by a fixed tree of as many verified tokens (sparse64's first nodes)."""
+    out = {}
+    for name, tree in trees.items():
+        out[name] = tree
+        if isinstance(tree, GrownTree):
+            twin = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), tree.nodes)
+            out[twin.name] = twin
+    return out
+
+
+def in_plain_steps(drafting: dict, plain_ms: float) -> None:
+    """Each row's step and draft in plain steps (the targets' unit: a grown tree of 60 tokens at most 1.35 plain
+    steps for EAGLE, its draft at most 15% of one)."""
+    for row in drafting.values():
+        for r in (v for v in row.values() if isinstance(v, dict)):
+            r["step_plain_steps"] = round(r["step_ms"] / plain_ms, 3)
+            r["draft_plain_steps"] = round(r["draft_ms"] / plain_ms, 3)
 
 
 def bench_prompt(model, s: dict) -> list[int]:
@@ -253,6 +279,7 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
     if setting == "host_settings":
         row["batch_verify"] = batch_verify(model, s)
     row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
+    in_plain_steps(row["drafting"], row["plain_step_ms"])
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
     row["seconds"] = round(time.perf_counter() - t0, 1)

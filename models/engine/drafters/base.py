@@ -7,7 +7,8 @@ knows: models/engine/drafting.py).
 
 A drafter (StepDrafter) is driven by the decode step (models/engine/decoding.py) through four calls:
     start(ctx)                          after the prefill: DraftContext (prompt ids, hidden states, sampling, generator)
-    draft(root, max_depth) -> Draft     the tree below `root`, no deeper than max_depth (N = 1: a plain step)
+    draft(root, max_depth) -> Draft     the tree below `root`, no deeper than max_depth (N = 1: a plain step); or a
+                                        DeviceTree, kept on the device (greedy decoding under static drafts)
     advance(hidden, tokens, position)   the accepted path's base hidden states [m, h] and tokens (root first),
                                         now at positions position .. position + m - 1
     rewind(position)                    forget every position from `position` on (timing, tests)
@@ -50,6 +51,21 @@ class Draft:
 
 
 @dataclass
+class DeviceTree:
+    """One step's proposal that never left the device (a grown tree at fixed shapes: drafters/graphed_growth.py),
+    verified and accepted there (greedy: models/engine/device_step.py). K nodes, node 0 the root, every parent before
+    its children."""
+    tokens: torch.Tensor                          # [K] long
+    ancestors: torch.Tensor                       # [K, K] bool: node i's ancestors and itself
+    depth: torch.Tensor                           # [K] long, root 0
+    parent: torch.Tensor                          # [K] long, the parent's node index (the root: 0)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.tokens.numel() - 1
+
+
+@dataclass
 class DraftContext:
     """What a drafter may read when decoding starts."""
     input_ids: torch.Tensor                       # [T] the prompt
@@ -58,6 +74,8 @@ class DraftContext:
     generator: torch.Generator | None = None
     static: bool = False                          # fixed-shape drafts asked for (with host.static_step): a drafter
                                                   # whose draft has fixed shapes may replay it as a CUDA graph
+    on_device: bool = True                        # with static, greedy: drafts may be DeviceTrees; False where the
+                                                  # caller reads a draft's buffers (a lookup branch merged in)
 
 
 class StepDrafter(Protocol):

@@ -49,11 +49,16 @@ class GraphedDraft:
     """One fixed tree's draft by one proposer, captured as a CUDA graph on its first call (module docstring).
     mode: "cuda_graph" once captured, "eager" otherwise; fallback: why it runs eagerly."""
 
-    def __init__(self, proposer: Proposer, buf: TreeBuffers, capture: bool):
+    def __init__(self, proposer: Proposer, buf: TreeBuffers | None, capture: bool):
         self.proposer, self.buf = proposer, buf
         self.mode, self.fallback = "eager", None if capture else "capture not asked for"
         self.graph, self.tokens, self.root, self.inputs = None, None, None, ()
         self.capture = capture
+
+    @property
+    def num_nodes(self) -> int:
+        """Tree rows a draft runs (what the proposer makes room for before it: prepare_static)."""
+        return self.buf.num_tokens
 
     def _addresses(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self.proposer.static_inputs())
@@ -80,7 +85,7 @@ class GraphedDraft:
         if self.root is None:
             self.root = torch.zeros(1, dtype=torch.long, device=proposer_device(self.proposer))
         self.root.fill_(root)
-        prepare_static(self.proposer, self.buf.num_tokens)
+        prepare_static(self.proposer, self.num_nodes)
         if self.graph is not None and self._addresses() != self.inputs:     # the proposer's state moved: capture anew
             self.graph, self.mode = None, "eager"
         if self.graph is None and self.capture and self.fallback is None:
@@ -92,7 +97,8 @@ class GraphedDraft:
         if self.graph is None:
             return self._walk()
         self.graph.replay()
-        return self.tokens.clone()
+        out = self.tokens                                    # the graph's output buffers: copies handed out
+        return out.clone() if isinstance(out, torch.Tensor) else tuple(t.clone() for t in out)
 
     def summary(self) -> dict:
         return {"mode": self.mode, "tree": self.buf.spec.name, "nodes": self.buf.num_tokens - 1,

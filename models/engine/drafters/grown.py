@@ -21,6 +21,9 @@ Levels drafted: depth + 1, no more than the proposer can (draft heads: their num
 Children are top-k picks, so every child is a point mass for the acceptance rules: greedy and typical acceptance
 and sampling acceptance with draft="topk" stay exact. draft="sample" is refused: step 3 drops draws, and the
 sampling rule is exact only over all the children drawn below a node.
+With static drafts and greedy decoding (DraftContext.static, on_device) the growth runs unpruned at fixed shapes on
+the device instead, replayed as a CUDA graph where there is one (graphed_growth.py): the same kept tree, handed on as
+a DeviceTree that the decode step verifies and accepts there (models/engine/device_step.py).
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from dataclasses import replace
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext
+from models.engine.drafters.base import DeviceTree, Draft, DraftContext
+from models.engine.drafters.graphed import prepare_static, why_not_capturable
+from models.engine.drafters.graphed_growth import GraphedGrowth, drafted_before
 from models.engine.drafters.proposer import (Frontier, Proposer, proposer_device, proposer_for, select_children,
                                              to_token_ids)
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
@@ -127,6 +132,8 @@ class GrownTreeDrafter:
         self.max_levels = getattr(self.proposer, "max_depth", None)    # draft heads: their number; None: any
         self.taps = tuple(self.proposer.taps)
         self.sampling, self.generator = None, None
+        self.graphed: GraphedGrowth | None = None   # the growth at fixed shapes, kept across decodes
+        self.static, self.not_graphed = False, "not started"
 
     def start(self, ctx: DraftContext) -> None:
         if ctx.sampling.samples_drafts:
@@ -134,20 +141,47 @@ class GrownTreeDrafter:
                              "of the children drawn below a node, and lossless sampling needs every draw; use "
                              "draft='topk' (exact: each child a point mass), greedy or typical acceptance, or a "
                              "fixed tree")
-        self.proposer.start(replace(ctx, static=False))          # a grown tree's shapes change every step
+        self.not_graphed = self.why_eager(ctx)
+        self.static = self.not_graphed is None
+        self.proposer.start(replace(ctx, static=self.static))     # fixed-shape state for a growth at fixed shapes
         self.sampling, self.generator = ctx.sampling, ctx.generator
+        full = self.levels(self.tree.levels)
+        if self.static and (self.graphed is None or self.graphed.levels != full):
+            self.graphed = GraphedGrowth(self.proposer, self.tree, full, capture=True) if full else None
+            self.static = full > 0
+
+    def why_eager(self, ctx: DraftContext) -> str | None:
+        """Why the growth runs eagerly on the host (pruned, the kept tree's buffers built there), or None: at fixed
+        shapes on the device (graphed_growth.py)."""
+        if not ctx.static:
+            return "fixed-shape drafts not asked for (DraftContext.static)"
+        if not ctx.sampling.greedy:
+            return "only greedy acceptance runs on the device (the other rules walk the tree's buffers)"
+        if not ctx.on_device:
+            return "the caller reads the tree's buffers on the host (a lookup branch merged in)"
+        return why_not_capturable(self.proposer, ctx.sampling, cutting=False, want_probs=False)
 
     def levels(self, max_depth: int) -> int:
         cap = self.tree.levels if self.max_levels is None else min(self.tree.levels, self.max_levels)
         return max(0, min(cap, max_depth))
 
-    def draft(self, root: int, max_depth: int) -> Draft:
+    def draft(self, root: int, max_depth: int) -> Draft | DeviceTree:
         levels = self.levels(max_depth)
         if levels == 0:
             buf = TreeBuffers.build(TreeSpec(self.tree.name, (), self.tree.top_k))
             return Draft(buf, torch.tensor([root], device=proposer_device(self.proposer)), None, torch.ones(1))
+        if self.static:
+            if levels == self.graphed.levels:
+                return self.graphed.draft(root)
+            prepare_static(self.proposer, drafted_before(levels, self.tree.top_k))     # near the limits: eagerly
         grown = grow(self.proposer, root, self.tree, levels, self.sampling, self.generator)
         return as_draft(grown, grown.best(self.tree.nodes), self.tree)
+
+    def graph_summary(self) -> dict:
+        """Whether the growth runs at fixed shapes on the device (replayed as a graph), and why not."""
+        if self.static:
+            return self.graphed.summary()
+        return {"mode": "eager", "tree": self.tree.name, "nodes": self.tree.nodes, "fallback": self.not_graphed}
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
         self.proposer.advance(hidden, tokens, position)

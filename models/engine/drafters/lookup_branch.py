@@ -26,6 +26,8 @@ proposes; the heads draft on their own tree only, the merged buffers serve verif
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import functools
 
 import torch
@@ -87,7 +89,7 @@ class LookupBranchDrafter:
     # -- state ---------------------------------------------------------------------------------
     def start(self, ctx: DraftContext) -> None:
         self.cutting = self.step_cost is not None and not ctx.sampling.samples_drafts
-        self.tree.start(ctx)
+        self.tree.start(replace(ctx, on_device=False))     # its drafts' buffers are merged with the lookup's
         self.lookup.start(ctx)
         self._pending, self._accepted = None, []
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from models.engine.drafters.base import Draft, DraftContext
+from models.engine.drafters.base import DeviceTree, Draft, DraftContext
 from models.engine.drafters.cut import checked_step_costs, cut_by_cost
 from models.engine.drafters.graphed import GraphedDraft, prepare_static, why_not_capturable
 from models.engine.drafters.grown import GrownTreeDrafter
@@ -40,6 +40,7 @@ class TreeDrafter:
         self.sampling, self.generator, self.cutting = None, None, False
         self.graphed: GraphedDraft | None = None  # the whole tree's draft as a CUDA graph, kept across decodes
         self.static, self.not_graphed = False, "fixed-shape drafts not asked for (DraftContext.static)"
+        self.device_tree = False                  # drafts handed on as DeviceTrees (greedy, static, alone)
 
     def start(self, ctx: DraftContext) -> None:
         self.sampling, self.generator = ctx.sampling, ctx.generator
@@ -47,6 +48,7 @@ class TreeDrafter:
         why = why_not_capturable(self.proposer, ctx.sampling, self.cutting, self.want_probs) if ctx.static else \
             "fixed-shape drafts not asked for (DraftContext.static)"
         self.static, self.not_graphed = why is None, why
+        self.device_tree = self.static and ctx.sampling.greedy and ctx.on_device   # accepted on the device
         self.proposer.start(replace(ctx, static=self.static))     # the proposer's state at fixed shapes, or not
         if self.static and self.graphed is None:
             self.graphed = GraphedDraft(self.proposer, self.buf, capture=True)
@@ -55,7 +57,8 @@ class TreeDrafter:
         buf = self.buf.to_depth(max_depth)
         if self.static:
             if buf is self.buf:                       # the whole tree: the graph
-                return Draft(buf, self.graphed.draft(root))
+                tokens = self.graphed.draft(root)
+                return on_device(buf, tokens) if self.device_tree else Draft(buf, tokens)
             prepare_static(self.proposer, buf.num_tokens)     # near the limits: a smaller tree, eagerly
         tokens, draft_q, probs = draft_tree(self.proposer, root, buf, self.sampling, self.generator, self.want_probs)
         if self.cutting and buf.num_tokens > 1:
@@ -76,6 +79,14 @@ class TreeDrafter:
             return self.graphed.summary()
         return {"mode": "eager", "tree": self.buf.spec.name, "nodes": self.buf.num_tokens - 1,
                 "fallback": self.not_graphed}
+
+
+def on_device(buf: TreeBuffers, tokens: torch.Tensor) -> DeviceTree:
+    """A fixed tree's replayed draft as a DeviceTree: verified and accepted greedily on the device, read once
+    (models/engine/device_step.py). Its nodes are ordered by depth, so every parent comes first."""
+    device = tokens.device
+    return DeviceTree(tokens, buf.on("tree_mask", device)[0, 0], buf.on("depth", device),
+                      buf.on("parent", device).clamp(min=0))
 
 
 def draft_many(drafters: list, roots: list[int], depths: list[int]) -> list[Draft | None]:
