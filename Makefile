@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-batch bench-gpu bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
+.PHONY: repro test test-fast bench bench-batch bench-gpu gpu-wheels bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -46,6 +46,15 @@ bench-batch: $(STAMP)
 # a torch.profiler record of each drafter's draft(), kernel time against wall time)
 bench-gpu: $(STAMP)
 	$(BIN)/python -m pipelines.bench.gpu $(OVERRIDES)
+
+# what a lent GPU (Python 3.12, its own torch and transformers) lacks, as wheels in .whl (git-ignored), carried to it
+# with pipelines/bench/gpu_session.sh (docs/engine.md, "A device session")
+GPU_WHEELS = hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+gpu-wheels: $(STAMP)
+	mkdir -p .whl && (grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	$(BIN)/python -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
 
 # decoding speed with other processes on the same cores, per OpenMP setting; OVERRIDES e.g.
 # OVERRIDES="+bench.policies=[default,passive,spin10000,passive@1]"

@@ -21,6 +21,8 @@ A model keeps its StaticDecoder from one generate() to the next (capacity rounde
 graphs are captured once per model, verify size and span, not at every call; one static decode at a time per model.
 The engine's step is unchanged: StaticDecoder is called as the decoder is (decode_step, verify_tree) and
 StaticCache prunes and rewinds as the engine's cache does (kv_cache.keep_accepted, DecodeState.rewind).
+Where graphs are captured, the layers' element-wise parts (norms, SiLU-and-multiply) are compiled and swapped in
+for these forwards only (models/engine/fused.py).
 A drafter's taps (EAGLE-3's intermediate layers, models/engine/taps.py) are written inside the forward: each tapped
 layer's output is copied into `tap_buffer` by a device copy that a captured graph replays (step_taps reads it).
 Not for sliding-window models (their per-layer masks): attach_static leaves those eager.
@@ -33,6 +35,7 @@ from types import SimpleNamespace
 
 import torch
 
+from models.engine.fused import FusedParts
 from models.engine.kv_cache import StaticCache
 from models.engine.taps import WrittenTaps
 
@@ -54,7 +57,7 @@ class StaticDecoder:
     for."""
 
     def __init__(self, decoder, cache: StaticCache, positions: torch.Tensor, capture: bool,
-                 buckets: tuple[int, ...] = BUCKETS, taps: tuple[int, ...] = ()):
+                 buckets: tuple[int, ...] = BUCKETS, taps: tuple[int, ...] = (), fuse: str | None = None):
         self._decoder = weakref.ref(decoder)        # _KEPT's key: a strong reference would keep the model alive
         self.cache, self.positions, self.buckets = cache, positions, tuple(buckets)
         self.config, self.layers = decoder.config, decoder.layers       # what verify_masks and LayerTaps read
@@ -73,6 +76,7 @@ class StaticDecoder:
         self.tap_buffer = torch.zeros(1, top, len(self.static_taps) * self.config.hidden_size, dtype=dtype,
                                       device=device)
         self.tapped_rows = 0                                # the last step's rows in tap_buffer (0: none since taps_for)
+        self.fused = FusedParts(decoder, fuse) if fuse else None    # element-wise parts compiled (models/engine/fused.py)
 
     @property
     def decoder(self):
@@ -108,9 +112,10 @@ class StaticDecoder:
     def _forward(self, key: tuple[int, int]):
         b, span = key
         self.cache.set_span(span)                   # the layers hand attention views of the first span slots
-        return self.decoder(input_ids=self.ids[:, :b], attention_mask=self.mask[:, :, :b, :span],
-                            position_ids=self.position_ids[:, :b], past_key_values=self.cache,
-                            use_cache=True).last_hidden_state
+        with self.fused.applied() if self.fused is not None else contextlib.nullcontext():
+            return self.decoder(input_ids=self.ids[:, :b], attention_mask=self.mask[:, :, :b, :span],
+                                position_ids=self.position_ids[:, :b], past_key_values=self.cache,
+                                use_cache=True).last_hidden_state
 
     def _capture(self, key: tuple[int, int]):
         """The (size, span) forward captured as a CUDA graph (warmed up on a side stream first) -> (graph, output)."""
@@ -204,24 +209,27 @@ def static_unsupported(decoder, drafter) -> str | None:
 
 
 def attach_static(state, drafter, max_new_tokens: int, capture: bool | None = None,
-                  buckets: tuple[int, ...] = BUCKETS) -> StaticDecoder | None:
+                  buckets: tuple[int, ...] = BUCKETS, fuse: str | None = "default") -> StaticDecoder | None:
     """Put a StaticDecoder and its StaticCache (loaded with the prefill's rows) into a DecodeState after prefill;
-    capture: CUDA graphs (default: on a CUDA device). -> the StaticDecoder, or None where it does not apply (the
-    state stays eager). The drafter's taps are written into the StaticDecoder's tap_buffer (kept: one that writes
-    them, or more)."""
+    capture: CUDA graphs (default: on a CUDA device); fuse: the torch.compile backend of the element-wise parts
+    (models/engine/fused.py; "default": inductor where graphs are captured, None: unfused). -> the StaticDecoder,
+    or None where it does not apply (the state stays eager). The drafter's taps are written into the
+    StaticDecoder's tap_buffer (kept: one that writes them, or more)."""
     if static_unsupported(state.decoder, drafter):
         return None
     taps = tuple(int(i) for i in getattr(drafter, "taps", ()) or ())
     capture = state.device.type == "cuda" if capture is None else capture
+    fuse = ("inductor" if capture else None) if fuse == "default" else fuse
     need = state.past + max_new_tokens + max(buckets) + 1
     static = _KEPT.get(state.decoder)
     if (static is None or static.cache.capacity < need or static.buckets != tuple(buckets)
             or static.mode != ("cuda_graphs" if capture else "static_eager")
-            or not set(taps) <= set(static.static_taps)):
+            or not set(taps) <= set(static.static_taps)
+            or (static.fused.backend if static.fused is not None else None) != fuse):
         capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
         positions = torch.zeros(max(buckets), dtype=torch.long, device=state.device)
         static = StaticDecoder(state.decoder, StaticCache(len(state.cache.layers), capacity, positions), positions,
-                               capture, buckets, taps)
+                               capture, buckets, taps, fuse)
         _KEPT[state.decoder] = static
     static.cache.load(state.cache)
     state.decoder, state.cache = static, static.cache
@@ -233,4 +241,5 @@ def static_summaries() -> list[dict]:
     pairs that fell back to the eager forward with the reason (for a benchmark's record; JSON-ready)."""
     return [{"mode": d.mode, "capacity": d.cache.capacity, "span_step": SPAN_STEP,
              "graphs": [list(k) for k in sorted(d.graphs)],
-             "fallback": [[*k, why] for k, why in sorted(d.fallback.items())]} for d in list(_KEPT.values())]
+             "fallback": [[*k, why] for k, why in sorted(d.fallback.items())],
+             "fused": d.fused.summary() if d.fused is not None else None} for d in list(_KEPT.values())]
