@@ -30,6 +30,11 @@ def drafted_before(level: int, top_k: int) -> int:
     return 1 if level == 0 else 1 + top_k + (level - 1) * top_k * top_k
 
 
+def frontier_rows(levels: int, top_k: int) -> int:
+    """Rows a fixed-shape growth of `levels` levels runs through the proposer (what it makes room for)."""
+    return 1 + max(levels - 1, 0) * top_k
+
+
 class GraphedGrowth(GraphedDraft):
     """One grown tree's drafts by one proposer at fixed shapes (module docstring); `levels` as the drafter drafts
     them (depth + 1, no more than the proposer can)."""
@@ -55,7 +60,8 @@ class GraphedGrowth(GraphedDraft):
 
     @property
     def num_nodes(self) -> int:
-        return self.size
+        """Rows a growth runs through the proposer: the root, then top_k frontier nodes a level."""
+        return frontier_rows(self.levels, self.tree.top_k)
 
     def _frontier(self, d: int, nodes: torch.Tensor) -> Frontier:
         n = drafted_before(d, self.tree.top_k)

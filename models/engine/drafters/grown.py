@@ -33,7 +33,7 @@ import torch
 
 from models.engine.drafters.base import DeviceTree, Draft, DraftContext
 from models.engine.drafters.graphed import prepare_static, why_not_capturable
-from models.engine.drafters.graphed_growth import GraphedGrowth, drafted_before
+from models.engine.drafters.graphed_growth import GraphedGrowth, frontier_rows
 from models.engine.drafters.proposer import (Frontier, Proposer, proposer_device, proposer_for, select_children,
                                              to_token_ids)
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
@@ -173,7 +173,7 @@ class GrownTreeDrafter:
         if self.static:
             if levels == self.graphed.levels:
                 return self.graphed.draft(root)
-            prepare_static(self.proposer, drafted_before(levels, self.tree.top_k))     # near the limits: eagerly
+            prepare_static(self.proposer, frontier_rows(levels, self.tree.top_k))     # near the limits: eagerly
         grown = grow(self.proposer, root, self.tree, levels, self.sampling, self.generator)
         return as_draft(grown, grown.best(self.tree.nodes), self.tree)
 
