@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from models.measure.calibration import (accuracy_table, choose_budget, empirical_accept_length, greedy_continuations,
                                 greedy_tree, model_fingerprint,
                                 predicted_accept_length, predicted_tokens_per_s, replay_accept_length,
-                                sequence_ranks, sort_paths, step_timings, top1_unconditional)
+                                sequence_ranks, sort_paths, step_timings, top1_unconditional,
+                                batch_draft_timings)
 from models.engine.fast_inference import prepare_for_decoding
 from models.hardware import host_record, machine_description
 from models.measure.latency import batch_verify_profile, interpolate_cost, verify_latency_profile, weight_read_seconds
@@ -191,6 +192,17 @@ def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: 
             "predicted_speedup": tps * latency["baseline_step_s"], "paths": sort_paths(spec.paths)}
 
 
+def add_batch_drafting(cfg: DictConfig, rows: list[dict], batch: dict | None, model, heads) -> None:
+    """Each candidate's batched draft at every batch size > 1 of the batch profile ("batch_draft_s": {B: s}), which
+    the tree per batch size is chosen with (calibrate_batch.py)."""
+    sizes = [int(b) for b in (batch or {}).get("batch_sizes", []) if int(b) > 1]
+    c, K = cfg.profile.calibrate, int(cfg.profile.calibrate.topk)
+    for row in rows if sizes else []:
+        spec = TreeSpec(f"{cfg.heads.name}_b{row['budget']}", tuple(tuple(p) for p in row["paths"]), K)
+        row["batch_draft_s"] = batch_draft_timings(model, heads, spec, sizes, int(c.latency_repeats),
+                                                   int(c.latency_prefix))
+
+
 # -- the stage ---------------------------------------------------------------------------------
 
 def calibration_sequences(cfg: DictConfig, model, tokenizer) -> tuple[list, list]:
@@ -282,6 +294,8 @@ def calibrate(cfg: DictConfig) -> dict:
              time.perf_counter() - t0, np.round(acc[:, 0], 3).tolist())
     rows, chains, fixed, drift = tree_rows(cfg, acc, ranks, latency, model, heads)       # 3) trees, cost, choice
     chosen = choose_budget(rows + chains)
+    add_batch_drafting(cfg, rows + chains, latency.get("batch"), model, heads)
+    grown = grown_rows(cfg, model, heads, prompts, seqs, latency)
     result = {
         "heads": name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
         "draft_vocab_size": heads.config.draft_vocab_size, "continuation": cfg.profile.calibrate.continuation,
@@ -291,8 +305,8 @@ def calibrate(cfg: DictConfig) -> dict:
         "baseline_tokens_per_s": 1.0 / latency["baseline_step_s"], "verify_now_vs_profile": drift, "budgets": rows,
         "chains": chains, "fixed_trees": fixed, "chosen_budget": chosen["budget"],
         "chosen_shape": chosen.get("shape", "tree"), "chosen": {k: v for k, v in chosen.items() if k != "paths"},
-        "grown": grown_rows(cfg, model, heads, prompts, seqs, latency),           # the tree grown per step
-        "batch": batch_choices(rows + chains, latency.get("batch")),             # the tree per batch size
+        "grown": grown,                                                            # the tree grown per step
+        "batch": batch_choices(rows + chains, latency.get("batch"), grown),      # the tree per batch size
     }
     metrics, files = write_calibration(cfg, result, rows, chosen, acc)                   # 4) outputs
     if chosen["predicted_speedup"] < 1:

@@ -6,7 +6,9 @@ batched verify profile (results/calibrate/latency.json "batch", models.measure.l
 
 L the tree's predicted accepted length, verify_B the batched forward of B rows of n + 1 tokens with the LM head on
 every row (one product for the batch, as models/engine/batch.py runs it), overhead the tree's drafting, acceptance
-and commit at batch 1, its LM head left out (a batch drafts one sequence at a time). Written to
+and commit: the batch's draft as measured for B drafters drafting together (calibrate's batch_draft_s), or B
+drafts one after another, and acceptance and commit once a sequence, the LM head left out. The candidates are the
+fixed trees and chains weighed for batch 1 and the grown-tree settings (each sequence grows its own). Written to
 results/calibrate/<heads>/batch_trees.json ({B: the tree}), which the batch curve decodes each B with.
 """
 from __future__ import annotations
@@ -19,21 +21,38 @@ from pipelines.common import log, write_json
 BATCH_FILE = "batch_trees.json"
 
 
-def batch_choices(rows: list[dict], batch: dict | None) -> dict[str, dict]:
-    """{B: the chosen row's tree and prediction} for each batch size of the profile (none without one)."""
+def own_seconds(row: dict, B: int) -> float:
+    """A step's drafting, acceptance and commit for B sequences: the batched draft where it was measured
+    (batch_draft_s), else B drafts one after another (a grown tree: each sequence grows its own); acceptance and
+    commit once a sequence."""
+    parts = row.get("step_parts_s") or {}
+    if not parts:
+        return B * row["overhead_s"]
+    draft = (row.get("batch_draft_s") or {}).get(str(B))
+    return (B * parts["draft"] if draft is None else draft) + B * (parts["accept"] + parts["commit"])
+
+
+def grown_drafts(row: dict) -> int:
+    """Tokens a grown tree's step verifies beside the root (its nodes, or all it can draft)."""
+    return min(row["nodes"], row["top_k"] + row["depth"] * row["top_k"] ** 2)
+
+
+def batch_choices(rows: list[dict], batch: dict | None, grown: list[dict] = ()) -> dict[str, dict]:
+    """{B: the chosen tree and its prediction} for each batch size of the profile, among the fixed trees and chains
+    (rows) and the grown-tree settings (grown); none without a batch profile."""
     if not batch:
         return {}
     out = {}
+    candidates = [*rows, *(dict(g, budget=grown_drafts(g), shape="grown") for g in grown)]
     for B, seconds in zip(batch["batch_sizes"], batch["seconds"]):
         def tps(row):
             verify = interpolate_cost(batch["sizes"], seconds, row["budget"] + 1)
-            parts = row.get("step_parts_s") or {}
-            own = sum(parts[k] for k in ("draft", "accept", "commit")) if parts else row["overhead_s"]
-            return B * row["predicted_accept_length"] / (verify + B * own)
-        best = max(rows, key=lambda r: (tps(r), -r["budget"]))
-        out[str(B)] = {"name": f"batch_optimal_b{B}", "paths": best["paths"], "topk": best.get("topk", 10),
-                       "budget": best["budget"], "shape": best.get("shape", "tree"),
-                       "predicted_accept_length": best["predicted_accept_length"],
+            return B * row["predicted_accept_length"] / (verify + own_seconds(row, B))
+        best = max(candidates, key=lambda r: (tps(r), -r["budget"]))
+        tree = {"kind": "grown", **{k: best[k] for k in ("depth", "top_k", "nodes")}} if best.get("shape") == "grown" \
+            else {"paths": best["paths"], "topk": best.get("topk", 10)}
+        out[str(B)] = {"name": f"batch_optimal_b{B}", **tree, "budget": best["budget"],
+                       "shape": best.get("shape", "tree"), "predicted_accept_length": best["predicted_accept_length"],
                        "predicted_tokens_per_s": tps(best)}
     return out
 
@@ -43,6 +62,6 @@ def write_batch_trees(folder: Path, heads: str, choices: dict[str, dict], topk: 
     if not choices:
         (folder / BATCH_FILE).unlink(missing_ok=True)          # none from an earlier run with batch sizes
         return {}
-    write_json(folder / BATCH_FILE, {"heads": heads, "trees": {B: {**c, "topk": topk} for B, c in choices.items()}})
+    write_json(folder / BATCH_FILE, {"heads": heads, "trees": {B: {"topk": topk, **c} for B, c in choices.items()}})
     log.info("%s: trees per batch size %s", heads, {B: c["budget"] for B, c in choices.items()})
     return {"batch_chosen_budget": {B: c["budget"] for B, c in choices.items()}}

@@ -81,6 +81,9 @@ def methods_for(cfg: DictConfig, model) -> tuple[object, bool, dict]:
             raise ValueError(f"{trees_file} has trees for batch sizes {sorted(trees, key=int)}, not {B}: rerun "
                              f"calibrate@{cfg.heads.name} with these profile.eval.batch_sizes")
         t = trees[str(B)]
+        if t.get("kind") == "grown":                   # each sequence grows its own, under the same node budget
+            return tree_from_config({"kind": "grown", "name": f"batch_b{B}",
+                                     **{k: t[k] for k in ("depth", "top_k", "nodes")}})
         return tree_from_config({"kind": "paths", "paths": t["paths"], "topk": t.get("topk", 10), "name": f"batch_b{B}"})
 
     name = cfg.heads.name

@@ -250,7 +250,8 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
     cal.mkdir(parents=True)
     (cal / "batch_trees.json").write_text(json.dumps({"heads": "hydra", "trees": {
         "1": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3},
-        "2": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3}, "4": {"paths": [[0]], "topk": 10, "budget": 1}}}))
+        "2": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3},
+        "4": {"kind": "grown", "depth": 1, "top_k": 2, "nodes": 3, "budget": 3}}}))     # each sequence grows its own
     refs = batch_cfg(tmp_path, "none", "eval.methods=references")
     run_evaluation(refs)
     baseline = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "none"))
@@ -270,6 +271,37 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
     monkeypatch.setattr(evaluate_batch, "decode_batches", lambda *a, **k: pytest.fail("decoded again"))
     again = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
     assert again["methods"]["hydra-batch"]["4"]["tokens"] == hydra["methods"]["hydra-batch"]["4"]["tokens"]
+
+
+def test_the_tree_per_batch_size_weighs_the_batched_draft_and_the_grown_trees():
+    """At B = 8 a tree whose drafts batch (one forward a depth for every sequence) beats a cheap chain that wins when
+    drafting is counted B times; a grown tree (each sequence grows its own: B drafts) is a candidate, chosen at B = 1
+    and written with its settings."""
+    from pipelines.calibrate_batch import batch_choices
+
+    batch = {"batch_sizes": [1, 8], "sizes": [1, 4, 16], "seconds": [[0.010, 0.011, 0.014], [0.020, 0.050, 0.160]]}
+    parts = {"accept": 0.0002, "commit": 0.0002}
+    tree = {"budget": 3, "paths": [[0], [1], [0, 0]], "predicted_accept_length": 2.0, "overhead_s": 0.0044,
+            "step_parts_s": {"draft": 0.004, **parts}, "batch_draft_s": {"8": 0.006}}
+    chain = {"budget": 1, "paths": [[0]], "shape": "chain", "predicted_accept_length": 1.3, "overhead_s": 0.0014,
+             "step_parts_s": {"draft": 0.001, **parts}}
+    grown = {"depth": 1, "top_k": 2, "nodes": 2, "predicted_accept_length": 2.1, "overhead_s": 0.0034,
+             "step_parts_s": {"draft": 0.003, **parts}}
+    chosen = batch_choices([tree, chain], batch, [grown])
+    assert chosen["1"]["kind"] == "grown" and (chosen["1"]["depth"], chosen["1"]["top_k"], chosen["1"]["nodes"]) == (1, 2, 2)
+    assert chosen["8"]["paths"] == tree["paths"]
+    unbatched = batch_choices([{k: v for k, v in tree.items() if k != "batch_draft_s"}, chain], batch, [grown])
+    assert unbatched["8"]["paths"] == chain["paths"]
+
+
+def test_a_batch_draft_is_timed_for_each_batch_size():
+    from models.measure.calibration import batch_draft_timings
+    from models.engine.trees import TreeSpec
+
+    model, _ = build_tiny_model()
+    times = batch_draft_timings(model, heads_of(model, "eagle"), TreeSpec("t", ((0,), (1,), (0, 0)), 10), [2, 4],
+                                repeats=2, prefix_len=20)
+    assert set(times) == {"2", "4"} and all(t > 0 for t in times.values())
 
 
 def test_the_batch_claims_are_judged_where_the_curve_reaches_and_left_unjudged_short_of_it():

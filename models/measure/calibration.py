@@ -56,6 +56,7 @@ autoregressive baseline's step is the profile's 1-token forward + LM head.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -301,3 +302,36 @@ def step_timings(model, heads, spec, repeats: int, prefix_len: int = 300, seed: 
     for s in steps:
         s["verify"] -= s["lm_head"]                     # the forward alone (the profile's "seconds")
     return {k: float(np.median([s[k] for s in steps])) for k in ("draft", "verify", "lm_head", "accept", "commit")}
+
+
+@torch.inference_mode()
+def batch_draft_timings(model, heads, spec, batch_sizes, repeats: int, prefix_len: int = 300, seed: int = 0) -> dict:
+    """{B: median seconds of one batch's draft of this tree} for each B of batch_sizes: B drafters started from one
+    random prompt's features drafting together as a batched step drafts (models/engine/drafters/tree.py
+    draft_many: one forward a depth for every sequence where the proposer batches, else one drafter after another)."""
+    from models.engine.acceptance import SamplingConfig
+    from models.engine.drafters.base import DraftContext
+    from models.engine.drafters.tree import draft_many
+    from models.engine.drafting import tree_drafter
+
+    device = next(model.parameters()).device
+    ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=torch.Generator().manual_seed(seed))
+    ids = ids.to(device)
+    taps = tuple(tree_drafter(heads, spec).taps)
+    out = final_and_taps(model.get_decoder(), ids, taps)[0]                       # [T, h (1 + taps)]
+    features = out if not taps else out[:, model.config.hidden_size:]
+    depth, root = getattr(spec, "levels", spec.depth), int(ids[0, -1])
+    times = {}
+    for B in [int(b) for b in batch_sizes]:
+        drafters = [tree_drafter(heads, spec) for _ in range(B)]
+        for d in drafters:
+            d.start(DraftContext(ids[0], features, SamplingConfig()))
+        runs = []
+        for r in range(repeats + 1):                                               # round 0 warms up
+            t0 = time.perf_counter()
+            draft_many(drafters, [root] * B, [depth] * B)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            runs.append(time.perf_counter() - t0)
+        times[str(B)] = float(np.median(runs[1:]))
+    return times
