@@ -9,6 +9,7 @@ from __future__ import annotations
 from analysis.claims import claim_rows, claims_markdown
 from analysis.conformance import conformance_section
 from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, fmt_interval, standard_comparisons
+from analysis.recipes_run import recipes_section
 from analysis.batch_curve import batch_markdown
 from analysis.run_record import run_markdown
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
@@ -214,6 +215,14 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
                   "The same held-out positions of the distilled data: DFlash drafts every position of its block in one "
                   "forward from the root and masks, EAGLE-3 and EAGLE each depth on the one above it (trained "
                   "through the depths their recipes unroll).", "", positions]
+    recipes = recipes_section(train)
+    if recipes:
+        parts += ["## The recipes as this run trained them", "",
+                  "From the train stage's metrics (`reports/metrics/train_<heads>.json`): the epochs trained (and the "
+                  "recipe's own count where the equal-epochs rule capped it), learning rate, loss terms, dropout, "
+                  "EAGLE's input noise (its width scaled by 512 / T for a conversation of T tokens, as the authors' "
+                  "trainer does), the depths a drafter is unrolled over in training, and head 0's validation top-1 "
+                  "after each epoch (Medusa-2: its heads-only stage).", "", recipes]
     m2 = medusa2_section(summary, train, (single_runs or {}).get("medusa2-optimal"))
     if m2:
         parts += ["## Medusa-2: the joint stage", "", m2]

@@ -108,7 +108,8 @@ def train_metrics(cfg: DictConfig, recipe: Recipe, trainer, parts: dict, data: d
             len(data["train"][0]), t.get("joint_max_train_samples") or len(data["train"][0]))}
     return {"heads": h.name, "family": h.family, "kind": recipe.kind, "data": t.get("data", "distilled"),
             "recipe": dataclasses.asdict(recipe), "dropout": float(h.dropout), "profile_overrides": profile_overrides(cfg),
-            "epochs": effective_epochs(cfg), "world_size": trainer.world_size,
+            "epochs": effective_epochs(cfg), "recipe_epochs": int(h.recipe.get("epochs") or t.epochs),
+            "world_size": trainer.world_size,
             "steps": {p: v["steps"] for p, v in parts.items()}, "best_epoch": {p: v["best_epoch"] for p, v in parts.items()},
             "val_top1_head0_by_epoch": {p: v["history"] for p, v in parts.items()}, **joint,
             "train_positions_per_s": {p: v["positions_per_s"] for p, v in parts.items()},
