@@ -40,14 +40,15 @@ def run_references(folder: Path, questions) -> float:
     extra = [] if questions is None else [f"profile.eval.num_questions={int(questions)}"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}     # not the project's store
     subprocess.run([sys.executable, "-m", "pipelines.evaluate", "eval.methods=references",
-                    f"paths.results={folder / 'results'}", f"paths.reports={folder / 'reports'}", *extra],
+                    f"paths.results={folder / 'results'}", f"paths.reports={folder / 'reports'}",
+                    f"paths.data={folder / 'data'}", *extra],
                    check=True, cwd=REPO_ROOT, env=env)
     return time.perf_counter() - t0
 
 
 def per_question(folder: Path, method: str) -> dict[str, dict]:
     summary = json.loads((folder / "results" / "eval" / "references" / "summary.json").read_text())
-    return summary[method]["per_question"]
+    return summary["methods"][method]["per_question"]
 
 
 def over_baseline(rows: dict[str, dict], base: dict[str, dict]) -> dict[str, dict]:
