@@ -373,3 +373,35 @@ def test_dflash_drafts_every_sequences_block_in_one_forward(tiny, monkeypatch):
     assert [r.new_tokens for r in res] == [r.new_tokens for r in alone]
     assert [r.accept_lengths for r in res] == [r.accept_lengths for r in alone]     # the same drafts accepted
     assert max(rows) == len(prompts)
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "hydra_pp"])
+def test_the_draft_heads_score_every_sequences_tree_together(tiny, family):
+    """Medusa's heads run on every sequence's h_t in one product a head (MedusaProposer.begin_many), Hydra's and
+    Hydra++'s on every sequence's frontier in one call a depth (HydraProposer.scores_many): the same drafts as each
+    sequence drafting alone, and each answer its batch-1 answer."""
+    from models.engine.drafters.proposer import draft_tree, draft_trees
+    from models.engine.trees import TreeBuffers
+
+    model, _, prompts = tiny
+    heads = heads_of(model, family)
+    res = generate_batch(model, None, prompts, [heads_drafter(heads, TREE) for _ in prompts], max_new_tokens=NEW,
+                         stop_token_ids=[])
+    assert [r.new_tokens for r in res] == [generate(model, None, p, heads_drafter(heads, TREE), max_new_tokens=NEW,
+                                                    stop_token_ids=[]).new_tokens for p in prompts]
+    buf = TreeBuffers.build(TREE)
+    drafters = [heads_drafter(heads, TREE) for _ in prompts]
+    calls = []
+    head_hidden = type(heads).head_hidden
+    with torch.inference_mode():
+        for d, p in zip(drafters, prompts):
+            generate(model, None, p, d, max_new_tokens=3, stop_token_ids=[])        # each its own h_t
+        proposers, roots = [d.proposer for d in drafters], [5 + 7 * i for i in range(len(prompts))]
+        heads.head_hidden = lambda *a, **k: calls.append(a[1].shape[0]) or head_hidden(heads, *a, **k)
+        try:
+            together = draft_trees(proposers, roots, buf, SamplingConfig(), [None] * len(prompts))
+        finally:
+            del heads.head_hidden
+        alone = [draft_tree(p, r, buf, SamplingConfig())[0] for p, r in zip(proposers, roots)]
+    assert all(torch.equal(a, b) for a, b in zip(together, alone))
+    assert len(calls) == len(buf.levels) and min(calls) >= len(prompts)     # one call a depth, every sequence in it

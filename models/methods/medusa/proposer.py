@@ -12,19 +12,38 @@ from models.shared.heads_proposer import HeadsProposer
 class MedusaProposer(HeadsProposer):
     def __init__(self, heads):
         super().__init__(heads)
-        self._all = None                                # [depth, Vd]: every head on h_t, while a tree is drafted
+        self.all_depths = None                                # [depth, Vd]: every head on h_t, while a tree is drafted
 
     def begin(self, root: int, depth: int) -> None:
         if depth == 0:
             return
         if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one product
             x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
-            self._all = project(self.linears[0], x)
+            self.all_depths = project(self.linears[0], x)
         else:
-            self._all = torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
+            self.all_depths = torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
-        return self._all[frontier.depth:frontier.depth + 1]                       # [1, Vd]
+        return self.all_depths[frontier.depth:frontier.depth + 1]                       # [1, Vd]
+
+    # -- a batch's trees (models/engine/drafters/proposer.py draft_trees) -----------------------------------------
+    @staticmethod
+    def begin_many(proposers: list, roots: list[int], depth: int) -> None:
+        """Every sequence's heads on its own h_t, one product a head for the batch (one LM-head product in all when
+        the heads share the base LM head); proposers of other heads begin alone."""
+        first = proposers[0]
+        if depth == 0 or any(p.heads is not first.heads for p in proposers):
+            for p, root in zip(proposers, roots):
+                p.begin(root, depth)
+            return
+        H, B = torch.stack([p.h for p in proposers]), len(proposers)                 # [B, h]
+        if first.linears is not None and first.heads.lm_heads is None:
+            x = torch.stack([first.heads.head_hidden(k, H) for k in range(depth)], 1)  # [B, depth, h]
+            rows = project(first.linears[0], x.reshape(B * depth, -1)).view(B, depth, -1)
+        else:
+            rows = torch.stack([first.head_logits(k, H) for k in range(depth)], 1)    # [B, depth, Vd]
+        for p, mine in zip(proposers, rows):
+            p.all_depths = mine
 
     def end(self) -> None:
-        self._all = None
+        self.all_depths = None
