@@ -100,3 +100,20 @@ def test_bench_gpu_profiles_drafting_when_asked(compose_cfg):
             assert prof["repeats"] == 2 and prof["wall_ms"] > 0 and prof["host_ops"] > 0
             assert prof["top_host_ops"] and all(k.startswith("aten::") for k in prof["top_host_ops"])
             assert prof["device_busy_ms"] is None and prof["kernels"] is None     # a CPU: no device kernels
+
+
+def test_the_prepared_device_call_names_only_what_exists():
+    """pipelines/bench/gpu_session.sh runs once in a short lease: every test file it names exists, and every bench
+    setting it passes is one bench-gpu knows (a typo would spend the lease on an error)."""
+    import re
+
+    from pipelines.bench.gpu import DEFAULTS, SETTINGS, SHAPES
+    from pipelines.common import REPO_ROOT
+
+    script = (REPO_ROOT / "pipelines" / "bench" / "gpu_session.sh").read_text()
+    files = re.findall(r"tests/\S+\.py", script)
+    assert files and all((REPO_ROOT / f).is_file() for f in files)
+    given = dict(re.findall(r"\+bench_gpu\.(\w+)=([^\"\s]+)", script))
+    assert given and set(given) <= set(DEFAULTS)
+    as_list = lambda v: v.strip("[]").split(",")      # noqa: E731
+    assert set(as_list(given["settings"])) <= set(SETTINGS) and set(as_list(given["shapes"])) <= set(SHAPES)
