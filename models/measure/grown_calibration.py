@@ -86,9 +86,9 @@ def replay_grown(model, heads, seqs, starts, top_k: int, max_depth: int, every: 
 
 def record(out: GrownReplay, grown, targets: list[int]) -> None:
     n = grown.n
-    tokens, parent = grown.tokens[:n].cpu(), grown.parent[:n]
-    level = (grown.ancestors[:n, :n].sum(-1) - 1).numpy()
-    order = torch.sort(grown.score[:n], descending=True, stable=True).indices.numpy()          # root first
+    tokens, parent = grown.tokens[:n].cpu(), grown.parent[:n].cpu()          # a growth's tensors are on its device
+    level = (grown.ancestors[:n, :n].sum(-1) - 1).cpu().numpy()
+    order = torch.sort(grown.score[:n].cpu(), descending=True, stable=True).indices.numpy()    # root first
     where = np.empty(n, dtype=np.int64)
     where[order] = np.arange(n)
     node, path = 0, []

@@ -33,90 +33,12 @@ import torch
 
 from models.engine.drafters.base import DeviceTree, Draft, DraftContext
 from models.engine.drafters.graphed import prepare_static, why_not_capturable
-from models.engine.drafters.graphed_growth import GraphedGrowth, frontier_rows
-from models.engine.drafters.proposer import (Frontier, Proposer, proposer_device, proposer_for, select_children,
-                                             to_token_ids)
+from models.engine.drafters.graphed_growth import GraphedGrowth
+from models.engine.drafters.growth import Grown, frontier_rows, grow
+from models.engine.drafters.proposer import Proposer, proposer_device, proposer_for
 from models.engine.trees import GrownTree, TreeBuffers, TreeSpec
 
 __all__ = ["GrownTreeDrafter", "Grown", "grow"]
-
-
-class Grown:
-    """Everything one step drafted, in drafting order (node 0 the root; a parent before its children): M nodes."""
-
-    def __init__(self, capacity: int, levels: int, root: int, device: torch.device):
-        self.n = 1
-        self.tokens = torch.empty(capacity, dtype=torch.long, device=device)
-        self.tokens[0] = root
-        self.parent = torch.full((capacity,), -1, dtype=torch.long)
-        self.rank = torch.zeros(capacity, dtype=torch.long)        # column of the node among its parent's top_k
-        self.score = torch.zeros(capacity)                         # cumulative log-probability, root 0
-        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
-        self.ancestors[0, 0] = True
-        self.path = torch.zeros(capacity, levels + 1, dtype=torch.long)   # node indices root .. node, 0-padded
-
-    def frontier(self, d: int, nodes: torch.Tensor) -> Frontier:
-        n = self.n
-        return Frontier(d, nodes, self.parent[nodes], self.tokens[self.path[nodes, :d + 1]],
-                        self.ancestors[nodes, :n], self.tokens[:n])
-
-    def add_children(self, d: int, nodes: torch.Tensor, picks: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        """picks, logp [R, k]: the children of frontier `nodes` [R] at depth d + 1 -> their node indices [R * k]."""
-        R, k = picks.shape
-        new = torch.arange(self.n, self.n + R * k)
-        par = nodes.repeat_interleave(k)
-        self.tokens[new] = picks.reshape(-1).to(self.tokens.device)
-        self.parent[new], self.rank[new] = par, torch.arange(k).repeat(R)
-        # log-softmax of a top value is <= 0 up to rounding: clamped, so a child never outscores its parent
-        self.score[new] = self.score[par] + logp.reshape(-1).float().cpu().clamp(max=0.0)
-        self.ancestors[new] = self.ancestors[par]
-        self.ancestors[new, new] = True
-        self.path[new] = self.path[par]
-        self.path[new, d + 1] = new
-        self.n += R * k
-        return new
-
-    def threshold(self, nodes: int) -> float:
-        """The (nodes + 1)-th best score drafted so far (the root counts); -inf while fewer nodes are drafted. A node
-        scoring at or below it cannot have a kept descendant."""
-        if self.n <= nodes:
-            return float("-inf")
-        return float(torch.topk(self.score[:self.n], nodes + 1).values[-1])
-
-    def best(self, nodes: int) -> torch.Tensor:
-        """The root and the `nodes` best-scoring drafts, in drafting order (every kept node's parent kept)."""
-        order = torch.sort(self.score[:self.n], descending=True, stable=True).indices   # ties: earlier first
-        keep = order[:nodes + 1].sort().values
-        kept = torch.zeros(self.n, dtype=torch.bool)
-        kept[keep] = True
-        if not kept[self.parent[keep[1:]]].all():
-            raise RuntimeError("the grown tree's best nodes miss an ancestor: a child outscored its parent")
-        return keep
-
-
-def grow(proposer: Proposer, root: int, tree: GrownTree, levels: int, sampling, generator=None,
-         prune: bool = True) -> Grown:
-    """Draft the candidates of one step (steps 1 and 2 of the module docstring), at most `levels` levels deep;
-    prune: skip the frontier nodes no kept node can descend from (the module docstring), the kept tree unchanged."""
-    k = tree.top_k
-    grown = Grown(1 + k + max(levels - 1, 0) * k * k, levels, root, proposer_device(proposer))
-    frontier = torch.zeros(1, dtype=torch.long)
-    proposer.begin(root, levels)
-    try:
-        for d in range(levels):
-            logits = proposer.scores(grown.frontier(d, frontier))                      # [R or 1, Vd]
-            kids = select_children(logits, k, sampling, generator, want_logp=True)
-            R = frontier.numel()
-            picks, logp = kids.picks.expand(R, -1), kids.logp.expand(R, -1)            # Medusa: one row for all
-            new = grown.add_children(d, frontier, to_token_ids(proposer, picks), logp)
-            frontier = new[torch.sort(grown.score[new], descending=True, stable=True).indices[:k]]
-            if prune:
-                frontier = frontier[grown.score[frontier] > grown.threshold(tree.nodes)]
-                if frontier.numel() == 0:
-                    break
-    finally:
-        proposer.end()
-    return grown
 
 
 class GrownTreeDrafter:
@@ -198,5 +120,5 @@ def as_draft(grown: Grown, keep: torch.Tensor, tree: GrownTree) -> Draft:
     paths = [tuple(ranks[j] for j in row[1:dk + 1]) for row, dk in zip(path, depth)]      # root: ()
     order = sorted(range(len(keep_list)), key=lambda i: (len(paths[i]), paths[i]))
     buf = TreeBuffers.build(TreeSpec(tree.name, tuple(paths[i] for i in order[1:]), tree.top_k))
-    nodes = keep[torch.tensor(order)]
-    return Draft(buf, grown.tokens[nodes.to(grown.tokens.device)], None, grown.score[nodes].exp())
+    nodes = keep[torch.tensor(order, device=keep.device)]
+    return Draft(buf, grown.tokens[nodes], None, grown.score[nodes].exp().cpu())

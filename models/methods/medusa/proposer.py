@@ -15,26 +15,22 @@ class MedusaProposer(HeadsProposer):
         self.all_depths = None                                # [depth, Vd]: every head on h_t, while a tree is drafted
 
     def begin(self, root: int, depth: int) -> None:
-        if depth == 0:
-            return
-        if self.linears is not None and self.heads.lm_heads is None:   # shared LM head: one product
-            x = torch.stack([self.heads.head_hidden(k, self.h) for k in range(depth)])
-            self.all_depths = project(self.linears[0], x)
-        else:
-            self.all_depths = torch.cat([self.head_logits(k, self.h[None]) for k in range(depth)])
+        self.begin_many([self], [root], depth)
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
-        return self.all_depths[frontier.depth:frontier.depth + 1]                       # [1, Vd]
+        return self.all_depths[frontier.depth:frontier.depth + 1]                  # [1, Vd]
 
-    # -- a batch's trees (models/engine/drafters/proposer.py draft_trees) -----------------------------------------
     @staticmethod
     def begin_many(proposers: list, roots: list[int], depth: int) -> None:
-        """Every sequence's heads on its own h_t, one product a head for the batch (one LM-head product in all when
-        the heads share the base LM head); proposers of other heads begin alone."""
+        """Every sequence's heads on its own h_t, one product a head (one LM-head product in all when the heads
+        share the base LM head): a tree's begin, or a batch's (models/engine/drafters/proposer.py draft_trees);
+        proposers of different heads begin one by one."""
         first = proposers[0]
-        if depth == 0 or any(p.heads is not first.heads for p in proposers):
+        if depth == 0:
+            return
+        if any(p.heads is not first.heads for p in proposers):
             for p, root in zip(proposers, roots):
-                p.begin(root, depth)
+                MedusaProposer.begin_many([p], [root], depth)
             return
         H, B = torch.stack([p.h for p in proposers]), len(proposers)                 # [B, h]
         if first.linears is not None and first.heads.lm_heads is None:
