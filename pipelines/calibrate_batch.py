@@ -32,18 +32,13 @@ def own_seconds(row: dict, B: int) -> float:
     return (B * parts["draft"] if draft is None else draft) + B * (parts["accept"] + parts["commit"])
 
 
-def grown_drafts(row: dict) -> int:
-    """Tokens a grown tree's step verifies beside the root (its nodes, or all it can draft)."""
-    return min(row["nodes"], row["top_k"] + row["depth"] * row["top_k"] ** 2)
-
-
 def batch_choices(rows: list[dict], batch: dict | None, grown: list[dict] = ()) -> dict[str, dict]:
     """{B: the chosen tree and its prediction} for each batch size of the profile, among the fixed trees and chains
     (rows) and the grown-tree settings (grown); none without a batch profile."""
     if not batch:
         return {}
     out = {}
-    candidates = [*rows, *(dict(g, budget=grown_drafts(g), shape="grown") for g in grown)]
+    candidates = [*rows, *(dict(g, budget=g["drafts"], shape="grown") for g in grown)]
     for B, seconds in zip(batch["batch_sizes"], batch["seconds"]):
         def tps(row):
             verify = interpolate_cost(batch["sizes"], seconds, row["budget"] + 1)

@@ -45,7 +45,8 @@ def grown_rows(cfg: DictConfig, model, heads, prompts: list, seqs: list, latency
             parts = step_timings(model, heads, tree, int(c.latency_repeats), int(c.latency_prefix))
             overhead_s = parts["draft"] + parts["lm_head"] + parts["accept"] + parts["commit"]
             tps = predicted_tokens_per_s(L, verify_s, overhead_s)
-            rows.append({"depth": depth, "top_k": k, "nodes": nodes, "positions": len(replay.path_levels),
+            rows.append({"depth": depth, "top_k": k, "nodes": nodes, "drafts": drafts,
+                         "positions": len(replay.path_levels),
                          "predicted_accept_length": L, "every_position_accept_length": 1.0 + float(drafted.mean()), "verify_s": verify_s, "overhead_s": overhead_s,
                          "step_parts_s": parts, "predicted_tokens_per_s": tps,
                          "predicted_speedup": tps * latency["baseline_step_s"]})

@@ -285,7 +285,8 @@ def test_the_tree_per_batch_size_weighs_the_batched_draft_and_the_grown_trees():
             "step_parts_s": {"draft": 0.004, **parts}, "batch_draft_s": {"8": 0.006}}
     chain = {"budget": 1, "paths": [[0]], "shape": "chain", "predicted_accept_length": 1.3, "overhead_s": 0.0014,
              "step_parts_s": {"draft": 0.001, **parts}}
-    grown = {"depth": 1, "top_k": 2, "nodes": 2, "predicted_accept_length": 2.1, "overhead_s": 0.0034,
+    grown = {"depth": 1, "top_k": 2, "nodes": 2, "drafts": 2, "predicted_accept_length": 2.1,
+             "overhead_s": 0.0034,
              "step_parts_s": {"draft": 0.003, **parts}}
     chosen = batch_choices([tree, chain], batch, [grown])
     assert chosen["1"]["kind"] == "grown" and (chosen["1"]["depth"], chosen["1"]["top_k"], chosen["1"]["nodes"]) == (1, 2, 2)
