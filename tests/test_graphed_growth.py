@@ -1,5 +1,5 @@
 """pytest tests/test_graphed_growth.py: the grown tree at fixed shapes on the device (models/engine/drafters/
-graphed_growth.py) and the device's greedy step (models/engine/device_step.py), on the CPU, where the walk a GPU
+graphed_growth.py) and the device's greedy rule (acceptance.accept_on_device), on the CPU, where the walk a GPU
 captures runs eagerly from the same buffers (the capture itself: tests/test_cuda.py).
 
 - Over random proposers (ties included) and many (depth, top_k, nodes), the unpruned fixed-shape growth keeps the
@@ -18,7 +18,7 @@ import torch
 from models.base import build_tiny_model
 from models.engine.acceptance import NodeLogits, SamplingConfig, accept_greedy
 from models.engine.decoding import generate
-from models.engine.device_step import accept_on_device
+from models.engine.acceptance import accept_on_device
 from models.engine.drafters.base import DeviceTree
 from models.engine.drafters.graphed_growth import GraphedGrowth
 from models.engine.drafters.grown import as_draft, grow

@@ -151,6 +151,27 @@ def accept_greedy(tokens, buf, logits: NodeLogits, sampling=None, generator=None
     return path, bonus
 
 
+def accept_on_device(tree, logits: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """accept_greedy for a tree that never left the device (a DeviceTree: tokens, ancestors, depth, parent [K]),
+    over all K nodes' base logits [K, V], which its buffers-free walk cannot build: a node is accepted when its token
+    is the base's argmax at its parent and all its ancestors are accepted; the deepest accepted node ends the path
+    (siblings hold distinct tokens, so at most one node of a depth is: the host rule's path), its argmax the bonus.
+    The path, its tokens and the bonus are gathered there and read in one transfer, the step's only wait for the
+    device -> (the path's node indices, root first and rising; its drafted tokens; the bonus token)."""
+    K = tree.tokens.numel()
+    pred = logits.argmax(-1)                                                       # [K] the base's next token
+    ok = tree.tokens == pred[tree.parent]
+    ok[0] = True
+    accepted = (ok[None, :] | ~tree.ancestors).all(1)                             # every ancestor and itself ok
+    best = torch.where(accepted, tree.depth, -1).argmax()                          # the deepest (first on ties)
+    index = torch.arange(K, device=tree.tokens.device)
+    path = torch.sort(torch.where(tree.ancestors[best], index, K)).values          # its nodes first, rising
+    m = tree.depth[best] + 1
+    read = torch.cat([m[None], path, tree.tokens[path.clamp(max=K - 1)], pred[best][None]]).tolist()
+    count = read[0]
+    return read[1:1 + count], read[2 + K:1 + K + count], read[-1]
+
+
 def typical_threshold(probs: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """min(epsilon, delta * exp(-H(p))) per row of probs [..., V] -> [...]."""
     entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)

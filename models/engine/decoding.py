@@ -37,8 +37,7 @@ from typing import Callable
 import torch
 
 from models.engine import acceptance
-from models.engine.acceptance import NodeLogits, SamplingConfig, sample, typical_probs, warp_probs
-from models.engine.device_step import accept_on_device, verify_device_tree
+from models.engine.acceptance import NodeLogits, SamplingConfig, accept_on_device, sample, typical_probs, warp_probs
 from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
 from models.engine.kv_cache import keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
@@ -125,9 +124,10 @@ def resolve_stop_ids(model, tokenizer, stop_token_ids=None) -> set[int]:
     return {int(t) for t in ids}
 
 
-def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers, cache, past: int,
+def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers | DeviceTree, cache, past: int,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h].
+    """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h]. buf: the tree's
+    buffers, or a DeviceTree (its mask and depths already on the device).
 
     The cache grows by N rows (prune them with kv_cache.keep_accepted).
     """
@@ -138,26 +138,21 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers, cache, past: in
     return out.last_hidden_state[0]
 
 
-def verify_masks(config, buf: TreeBuffers, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:
+def verify_masks(config, buf: TreeBuffers | DeviceTree, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:
     """The verify step's 4-D additive mask [1, 1, N, past + N]: every prefix column, the tree part from
     the tree (ancestors + self). A model with a sliding window gets the window too, as its own mask would
     have it (key visible iff query position - key position < window): one mask when every layer slides
     (Mistral), else {"full_attention": ..., "sliding_attention": ...} per layer type (Qwen2, Gemma-2), the
     mapping these models' forward accepts in place of a mask.
     """
-    return tree_masks(config, buf.additive_mask(dtype, device), buf.depth.to(device), past, dtype, device)
-
-
-def tree_masks(config, tree_part: torch.Tensor, depth: torch.Tensor, past: int, dtype: torch.dtype,
-               device) -> torch.Tensor | dict:
-    """verify_masks from the tree's additive part [1, 1, N, N] and its depths [N], both on `device`."""
-    N = depth.numel()
+    N = buf.num_tokens
     full = torch.zeros(1, 1, N, past + N, dtype=dtype, device=device)          # prefix columns: all visible
-    full[..., past:] = tree_part                                               # tree part: ancestors + self
+    full[..., past:] = buf.additive_mask(dtype, device)                        # tree part: ancestors + self
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if not window or (types is not None and "sliding_attention" not in types):
         return full
+    depth = buf.depth.to(device)
     key_pos = torch.cat([torch.arange(past, device=device), past + depth])    # [past + N]
     too_far = (past + depth)[:, None] - key_pos[None, :] >= window             # [N, past + N]
     sliding = full.masked_fill(too_far, torch.finfo(dtype).min)
@@ -226,10 +221,6 @@ class DecodeState:
         return time.perf_counter()
 
 
-def _tree_masks_of(state: DecodeState):
-    return functools.partial(tree_masks, state.decoder.config)
-
-
 def drafter_taps(drafter) -> tuple[int, ...]:
     """The base states a drafter reads in place of the final hidden states (EAGLE-3), or none."""
     return tuple(getattr(drafter, "taps", ()) or ()) if drafter is not None else ()
@@ -261,15 +252,14 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
     draft = drafter.draft(root, max_depth) if drafter is not None else None
     tapped = step_taps(state.decoder, drafter_taps(drafter))   # hooks, or the static step's buffer, for a drafter's taps
     t2 = state.clock()
+    tree = draft if draft is None or isinstance(draft, DeviceTree) else draft.buf
     with tapped:                      # b) verify: one forward over the root and the tree (the root alone: plain)
-        if isinstance(draft, DeviceTree):
-            hidden = verify_device_tree(state.decoder, draft, state.cache, past, state.dtype, _tree_masks_of(state))
-        elif draft is None or draft.buf.num_tokens == 1:
+        if tree is None or tree.num_tokens == 1:
             hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
                                    position_ids=torch.tensor([[past]], device=state.device),
                                    past_key_values=state.cache, use_cache=True).last_hidden_state[0]
         else:
-            hidden = verify_tree(state.decoder, draft.tokens, draft.buf, state.cache, past, state.dtype)  # [N, h]
+            hidden = verify_tree(state.decoder, draft.tokens, tree, state.cache, past, state.dtype)      # [N, h]
     t3 = state.clock()
     path, drafts, bonus, lm_head = _accept(state, draft, hidden, speculative=drafter is not None)   # c) accept
     t4 = state.clock()

@@ -222,9 +222,14 @@ class TreeBuffers:
         """[1, 1, N, N] float: 0 where visible, dtype min elsewhere (cached per dtype and device)."""
         key = (dtype, str(device))
         if key not in self._masks:
-            self._masks[key] = torch.zeros(self.tree_mask.shape, dtype=dtype).masked_fill_(
-                ~self.tree_mask, torch.finfo(dtype).min).to(device)
+            self._masks[key] = additive(self.tree_mask, dtype).to(device)
         return self._masks[key]
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as an additive one: 0 where visible, dtype min elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible,
+                                                                                       torch.finfo(dtype).min)
 
 
 @functools.lru_cache(maxsize=64)

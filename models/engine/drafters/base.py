@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 import torch
 
 from models.engine.acceptance import SamplingConfig
-from models.engine.trees import TreeBuffers
+from models.engine.trees import TreeBuffers, additive
 
 # draft_q(node) -> q [V] of the node's children, (q, drawn) when only its first `drawn` children were drawn from q
 # (the later ones are point masses: a prompt-lookup branch), or None (every child a point mass)
@@ -52,9 +52,10 @@ class Draft:
 
 @dataclass
 class DeviceTree:
-    """One step's proposal that never left the device (a grown tree at fixed shapes: drafters/graphed_growth.py),
-    verified and accepted there (greedy: models/engine/device_step.py). K nodes, node 0 the root, every parent before
-    its children."""
+    """One step's proposal that never left the device (a grown tree at fixed shapes: drafters/graphed_growth.py, or a
+    fixed tree's replayed draft), verified as TreeBuffers are (it answers what the verify step reads of a tree:
+    num_tokens, depth, additive_mask) and accepted greedily there (acceptance.accept_on_device). K nodes, node 0 the
+    root, every parent before its children."""
     tokens: torch.Tensor                          # [K] long
     ancestors: torch.Tensor                       # [K, K] bool: node i's ancestors and itself
     depth: torch.Tensor                           # [K] long, root 0
@@ -63,6 +64,14 @@ class DeviceTree:
     @property
     def num_drafts(self) -> int:
         return self.tokens.numel() - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.numel()
+
+    def additive_mask(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """[1, 1, K, K] float, as TreeBuffers.additive_mask: 0 where a node sees an ancestor or itself."""
+        return additive(self.ancestors, dtype)[None, None].to(device)
 
 
 @dataclass

@@ -12,9 +12,8 @@ scores (cumulative log-probabilities), the frontier (a stable sort of the level'
 the final `nodes` best (Grown.best_indices, stable too) and the kept tree's ancestor mask, depths and parents are
 computed there. So the whole walk is one graph, captured on first use and replayed after; off CUDA the same walk
 runs eagerly. The kept tree is the pruned growth's (pruning skips only nodes that could not be kept:
-tests/test_graphed_growth.py), its nodes
-in drafting order (each parent before its children), which the device's greedy step (models/engine/device_step.py)
-verifies and accepts as they are. Greedy acceptance only: the other rules walk the tree's buffers on the host.
+tests/test_graphed_growth.py), its nodes in drafting order (each parent before its children), which the decode
+step verifies and accepts (acceptance.accept_on_device) as they are. Greedy acceptance only: the other rules walk the tree's buffers on the host.
 """
 from __future__ import annotations
 

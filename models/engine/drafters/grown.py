@@ -23,7 +23,7 @@ and sampling acceptance with draft="topk" stay exact. draft="sample" is refused:
 sampling rule is exact only over all the children drawn below a node.
 With static drafts and greedy decoding (DraftContext.static, on_device) the growth runs unpruned at fixed shapes on
 the device instead, replayed as a CUDA graph where there is one (graphed_growth.py): the same kept tree, handed on as
-a DeviceTree that the decode step verifies and accepts there (models/engine/device_step.py).
+a DeviceTree that the decode step verifies and accepts there (acceptance.accept_on_device).
 """
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ class TreeDrafter:
 
 def on_device(buf: TreeBuffers, tokens: torch.Tensor) -> DeviceTree:
     """A fixed tree's replayed draft as a DeviceTree: verified and accepted greedily on the device, read once
-    (models/engine/device_step.py). Its nodes are ordered by depth, so every parent comes first."""
+    (acceptance.accept_on_device). Its nodes are ordered by depth, so every parent comes first."""
     device = tokens.device
     return DeviceTree(tokens, buf.on("tree_mask", device)[0, 0], buf.on("depth", device),
                       buf.on("parent", device).clamp(min=0))
