@@ -53,7 +53,7 @@ from models.measure.latency import batch_verify_profile, verify_latency_profile
 from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
 from pipelines.common import conf_option, git_commit, log, stage, write_json
-from pipelines.bench.verify import same_size_fixed
+from pipelines.bench.verify import with_fixed_twins
 from pipelines.host import apply_host
 
 # The papers' shapes, as configs (no weights, no download). Vicuna-7B is Llama-7B's shape.
@@ -213,17 +213,6 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
                 row[tname]["grown_over_fixed"] = round(row[tname]["step_ms"] / row[f"fixed{tree.nodes}"]["step_ms"], 3)
         out[h["family"]] = {"heads": name, **row}
         del heads
-    return out
-
-
-def with_fixed_twins(trees: dict) -> dict:
-    """The trees, each grown one followed by a fixed tree of as many verified tokens (sparse64's first nodes)."""
-    out = {}
-    for name, tree in trees.items():
-        out[name] = tree
-        if isinstance(tree, GrownTree):
-            twin = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), tree.nodes)
-            out[twin.name] = twin
     return out
 
 

@@ -43,13 +43,18 @@ def bench_trees(settings) -> dict:
     """{name: tree} of the trees timed: the fixed ones and the grown ones (EAGLE-2's, and it sized for a CPU), each
     grown one followed by a fixed tree of as many verified tokens."""
     names = [settings["tree"]] if settings["tree"] else list(settings["trees"])
-    trees = {}
-    for name in names:
-        trees[name] = tree = tree_from_config(conf_option("tree", name))
+    return with_fixed_twins({name: tree_from_config(conf_option("tree", name)) for name in names})
+
+
+def with_fixed_twins(trees: dict) -> dict:
+    """The trees, each grown one followed by a fixed tree of as many verified tokens (sparse64's first nodes)."""
+    out = {}
+    for name, tree in trees.items():
+        out[name] = tree
         if isinstance(tree, GrownTree):
-            fixed = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), tree.nodes)
-            trees[fixed.name] = fixed
-    return trees
+            twin = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), tree.nodes)
+            out[twin.name] = twin
+    return out
 
 
 def same_size_fixed(spec: TreeSpec, nodes: int) -> TreeSpec:
