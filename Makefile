@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-batch bench-baseline-noise bench-gpu gpu-wheels bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
+.PHONY: repro test test-fast bench bench-batch bench-baseline-noise bench-wait bench-gpu gpu-wheels bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -44,6 +44,10 @@ bench-batch: $(STAMP)
 # what sharing one baseline between the evaluate stages would cost the paired intervals (two references runs)
 bench-baseline-noise: $(STAMP)
 	$(BIN)/python -m pipelines.bench.baseline_noise $(OVERRIDES)
+
+# what OpenMP's wait policy costs a decoding step on a quiet machine, paired (run it with the cores free)
+bench-wait: $(STAMP)
+	$(BIN)/python -m pipelines.bench.wait_policy $(OVERRIDES)
 
 # step costs on the device at hand (a GPU: the 7B and SmolLM2 shapes, random weights) before and after the host
 # settings; OVERRIDES e.g. "+bench_gpu.shapes=[vicuna_7b] +bench_gpu.repeats=5" (+bench_gpu.profile_drafting=true:

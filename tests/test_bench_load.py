@@ -42,10 +42,13 @@ def test_a_setting_names_its_environment_and_threads():
 
 
 def test_decoding_commands_start_with_the_policy_unless_the_environment_says_otherwise():
-    assert omp.omp_defaults({}) == omp.OMP_POLICY
-    assert omp.omp_defaults({omp.SWITCH: "off"}) == {}
+    assert omp.omp_defaults({}, others=0.0) == {}                      # a quiet machine: libgomp's spin
+    assert omp.omp_defaults({}, others=None) == {}                     # an OS that does not tell: the same
+    assert omp.omp_defaults({}, others=1.0) == omp.OMP_POLICY          # others want the cores: sleep at once
+    assert omp.omp_defaults({omp.SWITCH: "passive"}, others=0.0) == omp.OMP_POLICY
+    assert omp.omp_defaults({omp.SWITCH: "off"}, others=2.0) == {}
     for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):                  # the user's own setting wins
-        assert omp.omp_defaults({var: "1"}) == {}
+        assert omp.omp_defaults({var: "1"}, others=2.0) == {}
     # the decoding commands import it before torch; the training and data stages do not import it at all
     for name in ("evaluate", "generate", "calibrate", "bench/verify", "bench/cut", "bench/load", "bench/gpu"):
         text = (REPO_ROOT / "pipelines" / f"{name}.py").read_text()
@@ -75,3 +78,13 @@ def test_a_setting_runs_in_its_own_process_with_its_environment(tmp_path):
     for r in res["rows"]:
         assert r["quiet"]["runs"][0]["tokens"] == 2           # 3 new tokens: the prefill's, then 2 from steps
         assert r["slowdown"]["tokens_per_second"] > 0
+
+
+def test_the_machine_counts_as_busy_from_linux_runnable_threads(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nprocs_running 3\nprocs_blocked 0\n")
+    assert omp.other_runnable(samples=3, interval=0.0, stat=str(stat)) == 2.0      # this process is one of the 3
+    assert omp.other_runnable(stat=str(tmp_path / "none")) is None
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    chosen = omp.choose(env)                                           # the user's variable: nothing sampled or added
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"} and chosen["policy"] == "ACTIVE" and chosen["other_runnable"] is None

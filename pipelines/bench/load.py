@@ -14,8 +14,9 @@ default spin, like another training or evaluation job), stopped afterwards.
                nodes, a latency profile that does not exist (tree=dynamic...) by no cut, both logged.
   policies     settings, each `<wait>[@<threads>]`; wait: default (libgomp's own: spin ~300k iterations, then
                sleep), passive (OMP_WAIT_POLICY=PASSIVE: sleep at once), active (spin on), spin<N>
-               (GOMP_SPINCOUNT=N), auto (what pipelines/omp.py sets for the decoding commands, or
-               this shell's own variables); threads: torch threads (default: `threads`, else torch's own).
+               (GOMP_SPINCOUNT=N), auto (what pipelines/omp.py sets for the decoding commands: PASSIVE
+               when other threads are runnable as the process starts, else libgomp's own; or this shell's
+               variables); threads: torch threads (default: `threads`, else torch's own).
   competitors  the competing processes' thread counts ([] = none); competitor_size: their square matrices.
   repeats, new_tokens, prompt_tokens; max_seconds: a decode that runs longer is cut there (its steps so far count).
 Defaults (DEFAULTS): the baseline, hydra_pp/optimal_pld and medusa1/sparse64; libgomp's `default` against `auto`;
@@ -340,7 +341,7 @@ def main(cfg: DictConfig) -> None:
     print_table(results, settings)
     record = {"model": cfg.model.name, "machine": cpu_model(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
-              "pipelines_omp_policy": omp.OMP_POLICY, "settings": settings, "results": results,
+              "pipelines_omp_policy": {"busy": omp.OMP_POLICY, "chosen_here": omp.CHOSEN}, "settings": settings, "results": results,
               "host": host_record("cpu")}         # CPU processes: the GPU host settings do not apply
     path = write_json(f"{cfg.paths.reports}/bench/bench_load.json", record)
     print(f"\nwrote {path}")
