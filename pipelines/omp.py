@@ -26,9 +26,9 @@ import time
 # stock torch processes (2 + 1 threads) beside it 3421 -> 421, 5068 -> 1025, 8648 -> 1625. GOMP_SPINCOUNT=10000
 # landed in between (266 / 447 / 954 and 1063 / 1610 / 3428); one thread instead of two did no better than two.
 # But on a quiet machine PASSIVE costs time, and more to the baseline than to a tree step, so it flattered the
-# speedups: `make bench-wait`, 2-core AMD EPYC (AVX2), nothing else running, 2026-11-28, ms per step over libgomp's
-# default, 15 pairs: baseline x1.336 [1.254, 1.422], Hydra++ on 15 nodes x1.280 [1.230, 1.332] (ACTIVE: x1.056,
-# x1.041).
+# speedups: `make bench-wait OVERRIDES=heads=hydra_pp`, 2-core AMD EPYC (AVX2), nothing else running, 2026-11-28,
+# ms per step over libgomp's default, 15 pairs: baseline x1.336 [1.254, 1.422], Hydra++ on 15 nodes x1.280
+# [1.230, 1.332] (ACTIVE: x1.056, x1.041).
 OMP_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}           # applied on a busy machine
 OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")      # either one set by the user: nothing is applied
 SWITCH = "PIPELINES_OMP"          # "off": leave libgomp's defaults (bench_load's `default` setting)

@@ -1,10 +1,10 @@
-"""python -m pipelines.bench.wait_policy   (make bench-wait)   [+bench.policies=[default,passive,active] +bench.rounds=3]
+"""python -m pipelines.bench.wait_policy   (make bench-wait)   [heads=<a conf/heads option> +bench.rounds=3]
 
 A benchmark, not a test: what OpenMP's wait policy costs a decoding step on a quiet machine, paired. In each of
 `rounds` rounds every policy of `policies` runs in turn in a fresh process (libgomp reads its policy when torch
 loads; the settings are those of pipelines/bench/load.py), decoding the first turns of `questions` MT-Bench
-questions for `new_tokens` tokens, with the autoregressive baseline and with random `heads` on sparse64's first
-`nodes` nodes. The ms per decoding step after the prefill of each (round, question) pair up across policies: each
+questions for `new_tokens` tokens, with the autoregressive baseline and with random heads of the configured
+`heads=` option on sparse64's first `nodes` nodes. The ms per decoding step after the prefill of each (round, question) pair up across policies: each
 policy over the first, pooled, with a bootstrap interval over the pairs (models.measure.intervals). A policy that
 slows the baseline more than the tree step flatters the speedups by their ratio (`speedup_bias`). Run it with the
 cores free: it measures the quiet machine; `make bench-load` measures a loaded one. Writes
@@ -28,7 +28,7 @@ from pipelines.bench.load import parse_setting, setting_environ
 from pipelines.common import REPO_ROOT, conf_option, load_model, log, run_record, stage, write_json
 
 DEFAULTS = {"policies": ["default", "passive", "active"], "rounds": 3, "questions": 5, "new_tokens": 32,
-            "heads": "hydra_pp", "nodes": 15, "child": None, "child_out": None}
+            "nodes": 15, "child": None, "child_out": None}
 
 
 def decode_all(cfg: DictConfig, settings: dict) -> dict:
@@ -45,10 +45,10 @@ def decode_all(cfg: DictConfig, settings: dict) -> dict:
 
     model, tok = load_model(cfg)
     prepare_for_decoding(model)
-    heads = random_heads(cfg, model, conf_option("heads", settings["heads"]))
+    heads = random_heads(cfg, model, cfg.heads)
     prepare_heads_for_decoding(heads)
     tree = same_size_fixed(tree_from_config(conf_option("tree", "sparse64")), int(settings["nodes"]))
-    drafters = {"baseline": None, f"{settings['heads']}/{tree.name}": make_drafter({"kind": "heads", "tree": tree},
+    drafters = {"baseline": None, f"{cfg.heads.name}/{tree.name}": make_drafter({"kind": "heads", "tree": tree},
                                                                                    heads=heads)}
     questions = load_questions(cfg.data.questions_file)[:int(settings["questions"])]
     ms = {name: [] for name in drafters}
