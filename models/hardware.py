@@ -98,7 +98,7 @@ def host_record(device) -> dict:
     record = {"device": str(device), "gpu": None, "torch": torch.__version__, "cuda": torch.version.cuda,
               "host_settings": applied_host_settings(device),
               "torch_threads": torch.get_num_threads(),
-              "omp_wait": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},   # read at torch's import
+              "omp_wait": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},   # libgomp read them
               "sdp_backends": {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
                                "mem_efficient": cuda.mem_efficient_sdp_enabled(), "math": cuda.math_sdp_enabled()}}
     if torch.device(device).type == "cuda" and torch.cuda.is_available():   # the device itself, not the host rule

@@ -31,10 +31,10 @@ import time
 # [1.230, 1.332] (ACTIVE: x1.056, x1.041).
 OMP_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}           # applied on a busy machine
 OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")      # either one set by the user: nothing is applied
-SWITCH = "PIPELINES_OMP"          # "off": leave libgomp's defaults (bench_load's `default` setting)
-
-
+SWITCH = "PIPELINES_OMP"          # "off": libgomp's defaults (bench_load's `default` setting); "passive": OMP_POLICY
 BUSY_AT = 0.5                     # other runnable threads, on average, from which the machine counts as busy
+
+
 def other_runnable(samples: int = 10, interval: float = 0.02, stat: str = "/proc/stat") -> float | None:
     """How many threads besides this one want a core right now: the mean of Linux's procs_running (which counts
     this process too) over `samples` reads; None where the OS does not tell."""

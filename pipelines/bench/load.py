@@ -341,7 +341,8 @@ def main(cfg: DictConfig) -> None:
     print_table(results, settings)
     record = {"model": cfg.model.name, "machine": cpu_model(),
               "cpu_count": os.cpu_count(), "load_average_at_start": load,
-              "pipelines_omp_policy": {"busy": omp.OMP_POLICY, "chosen_here": omp.CHOSEN}, "settings": settings, "results": results,
+              "pipelines_omp_policy": {"busy": omp.OMP_POLICY, "chosen_here": omp.CHOSEN}, "settings": settings,
+              "results": results,
               "host": host_record("cpu")}         # CPU processes: the GPU host settings do not apply
     path = write_json(f"{cfg.paths.reports}/bench/bench_load.json", record)
     print(f"\nwrote {path}")

@@ -3,11 +3,11 @@
 A benchmark, not a test: what OpenMP's wait policy costs a decoding step on a quiet machine, paired. In each of
 `rounds` rounds every policy of `policies` runs in turn in a fresh process (libgomp reads its policy when torch
 loads; the settings are those of pipelines/bench/load.py), decoding the first turns of `questions` MT-Bench
-questions for `new_tokens` tokens, with the autoregressive baseline and with random heads of the configured
-`heads=` option on sparse64's first `nodes` nodes. The ms per decoding step after the prefill of each (round, question) pair up across policies: each
-policy over the first, pooled, with a bootstrap interval over the pairs (models.measure.intervals). A policy that
-slows the baseline more than the tree step flatters the speedups by their ratio (`speedup_bias`). Run it with the
-cores free: it measures the quiet machine; `make bench-load` measures a loaded one. Writes
+questions for `new_tokens` tokens, with the autoregressive baseline and with random heads of the `heads=` option on
+sparse64's first `nodes` nodes. The ms per decoding step after the prefill of each (round, question) pair up across
+policies: each policy over the first, pooled, with a bootstrap interval over the pairs (models.measure.intervals).
+A policy that slows the baseline more than the tree step flatters the speedups by their ratio (`speedup_bias`).
+Run it with the cores free: it measures the quiet machine; `make bench-load` measures a loaded one. Writes
 reports/bench/wait_policy.json.
 """
 from __future__ import annotations
