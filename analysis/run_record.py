@@ -94,7 +94,16 @@ def machine_line(latency: dict | None) -> str:
     if floor:
         line += (f"; reading every weight once ({floor['bytes'] / 1e6:,.0f} MB): {1e3 * floor['seconds']:.1f} ms "
                  f"({floor['gb_per_s']:.1f} GB/s), the floor of a memory-bound step")
+    wait = latency.get("omp_wait")
+    if wait is not None:                         # PASSIVE makes a quiet CPU's step about a third longer
+        line += f"; OpenMP wait policy: {wait_policy_name(wait)}"
     return line + "."
+
+
+def wait_policy_name(omp_wait: dict) -> str:
+    if omp_wait.get("GOMP_SPINCOUNT") is not None:
+        return f"GOMP_SPINCOUNT={omp_wait['GOMP_SPINCOUNT']}"
+    return omp_wait.get("OMP_WAIT_POLICY") or "libgomp's default (spin, then sleep)"
 
 
 def provenance_lines(metrics: dict[str, dict]) -> list[str]:

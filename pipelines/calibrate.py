@@ -80,6 +80,7 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
               "baseline_step_s": prof["forward_lm_head_s"][sizes.index(1)],          # 1 token + LM head + argmax
               "all_forward_lm_head_s": prof["all_forward_lm_head_s"]}
     record["weight_read"] = weight_read_seconds(model, int(c.latency_repeats))     # the memory-bound floor
+    record["omp_wait"] = host_record(device)["omp_wait"]          # worth a quarter of a quiet CPU step (docs/engine.md)
     batch_sizes = [int(b) for b in (c.get("batch_sizes") or [1])]
     if batch_sizes != [1]:                       # the batched verify step, for the tree per batch size
         log.info("batched verify: batch sizes %s", batch_sizes)

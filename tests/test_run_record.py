@@ -50,6 +50,10 @@ def test_the_run_section_states_the_machine_in_plain_steps_and_its_weight_read_f
     assert machine_line(latency) == ("This machine's plain step (a 1-token decoding step of SmolLM2-135M-Instruct): "
                                      "71.2 ms; reading every weight once (538 MB): 12.3 ms (43.7 GB/s), the floor of a "
                                      "memory-bound step.")
+    assert machine_line({**latency, "omp_wait": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}}).endswith(
+        "memory-bound step; OpenMP wait policy: PASSIVE.")
+    assert machine_line({**latency, "omp_wait": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}}).endswith(
+        "; OpenMP wait policy: libgomp's default (spin, then sleep).")
     assert machine_line(None) == ""
 
 
