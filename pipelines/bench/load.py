@@ -285,11 +285,12 @@ def child_overrides() -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("bench.child")]
 
 
-def run_in_process(setting: dict, overrides: list[str]) -> dict:
-    """run_setting in a fresh `python -m pipelines.bench.load` with the setting's environment."""
+def run_in_process(setting: dict, overrides: list[str], module: str = "pipelines.bench.load") -> dict:
+    """A benchmark's child (run_setting here) in a fresh `python -m <module>` with the setting's environment: what
+    it wrote to +bench.child_out."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "setting.json"
-        cmd = [sys.executable, "-m", "pipelines.bench.load", *overrides, f"+bench.child={setting['name']}",
+        cmd = [sys.executable, "-m", module, *overrides, f"+bench.child={setting['name']}",
                f"+bench.child_out={out}"]
         code = subprocess.run(cmd, env=setting_environ(setting, os.environ), cwd=REPO_ROOT).returncode
         if code:

@@ -13,19 +13,14 @@ reports/bench/wait_policy.json.
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: libgomp reads its policy when torch loads)
-import json
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from models.hardware import cpu_model, host_record
 from models.measure.intervals import paired_comparison
-from pipelines.bench.load import parse_setting, setting_environ
-from pipelines.common import REPO_ROOT, conf_option, load_model, log, run_record, stage, write_json
+from pipelines.bench.load import parse_setting, run_in_process
+from pipelines.common import conf_option, load_model, log, run_record, stage, write_json
 
 DEFAULTS = {"policies": ["default", "passive", "active"], "rounds": 3, "questions": 5, "new_tokens": 32,
             "nodes": 15, "child": None, "child_out": None}
@@ -63,15 +58,7 @@ def decode_all(cfg: DictConfig, settings: dict) -> dict:
 
 
 def run_policy(name: str, overrides: list[str]) -> dict:
-    setting = parse_setting(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "policy.json"
-        cmd = [sys.executable, "-m", "pipelines.bench.wait_policy", *overrides, f"+bench.child={name}",
-               f"+bench.child_out={out}"]
-        code = subprocess.run(cmd, env=setting_environ(setting, os.environ), cwd=REPO_ROOT).returncode
-        if code:
-            raise RuntimeError(f"policy {name!r} failed (exit code {code}): its log is above")
-        return json.loads(out.read_text())
+    return run_in_process(parse_setting(name), overrides, module="pipelines.bench.wait_policy")
 
 
 def compare(runs: list[dict], policies: list[str]) -> dict:
