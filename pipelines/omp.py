@@ -54,16 +54,24 @@ def omp_defaults(environ, others: float | None = None) -> dict[str, str]:
     """The OpenMP variables to add to `environ`: OMP_POLICY on a busy machine (`others` runnable threads besides
     this one at BUSY_AT or more, or PIPELINES_OMP=passive), none on a quiet one, none where the environment sets
     OMP_WAIT_POLICY or GOMP_SPINCOUNT itself or says PIPELINES_OMP=off."""
+    decided = user_decided(environ)
+    if decided is not None:
+        return decided
+    return dict(OMP_POLICY) if others is not None and others >= BUSY_AT else {}
+
+
+def user_decided(environ) -> dict[str, str] | None:
+    """What the environment decides whatever the load (the variables to add), or None where the load decides."""
     switch = environ.get(SWITCH, "").lower()
     if switch == "off" or any(k in environ for k in OMP_VARS):
         return {}
-    return dict(OMP_POLICY) if switch == "passive" or (others is not None and others >= BUSY_AT) else {}
+    return dict(OMP_POLICY) if switch == "passive" else None
 
 
 def choose(environ) -> dict:
-    """Add the policy for this machine as it is now to `environ`; returns what was chosen and why."""
-    decided_by_user = environ.get(SWITCH, "").lower() in ("off", "passive") or any(k in environ for k in OMP_VARS)
-    others = None if decided_by_user else other_runnable()
+    """Add the policy for this machine as it is now to `environ`; returns what was chosen and why. The load is
+    sampled only where the environment leaves the choice to it."""
+    others = None if user_decided(environ) is not None else other_runnable()
     added = omp_defaults(environ, others)
     environ.update(added)
     return {"other_runnable": None if others is None else round(others, 2), "added": added,

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.hardware import cpu_model, host_record
 from models.measure.intervals import paired_comparison
-from pipelines.bench.load import parse_setting, run_in_process
+from pipelines.bench.load import child_overrides, parse_setting, run_in_process
 from pipelines.common import conf_option, load_model, log, run_record, stage, write_json
 
 DEFAULTS = {"policies": ["default", "passive", "active"], "rounds": 3, "questions": 5, "new_tokens": 32,
@@ -85,8 +85,6 @@ def main(cfg: DictConfig) -> None:
     if settings["child"]:
         write_json(settings["child_out"], decode_all(cfg, settings))
         return
-    from pipelines.bench.load import child_overrides
-
     policies = list(settings["policies"])
     if len(policies) < 2 or int(settings["rounds"]) < 1:
         raise ValueError(f"bench.policies={policies}, bench.rounds={settings['rounds']}: need two policies or more "
