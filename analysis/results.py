@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from analysis.claims import claim_rows, claims_markdown
 from analysis.conformance import conformance_section
+from analysis.grown_steps import grown_step_rows, grown_step_table
 from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, fmt_interval, standard_comparisons
 from analysis.recipes_run import recipes_section
 from analysis.batch_curve import batch_markdown
@@ -207,6 +208,15 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
                   "The speedup is the tokens a step divided by that cost, so a method that accepts more tokens than "
                   "another is still slower when its drafting and wider verify cost more.", "",
                   step_cost_table(costs)]
+    grown = grown_step_rows(summary)
+    if grown:
+        parts += ["### The tree grown per step against a fixed tree of as many drafts", "",
+                  "Each family's grown tree's step (drafting, verify, acceptance and commit) over the step of a fixed "
+                  "tree with as many drafts, read from the family's own fixed trees in the same stage: exactly, "
+                  "interpolated in drafts between the nearest narrower and wider ones, or bounded by one side only "
+                  "(analysis/grown_steps.py). Pooled decode time over steps, on the questions every tree used ran, "
+                  "95% bootstrap interval over them. The target: at most 1.05x.", "",
+                  grown_step_table(grown)]
     if conformance:
         parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
     positions = position_accuracy_table(train)
