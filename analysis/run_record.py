@@ -12,6 +12,8 @@ def _minutes(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     m, s = divmod(int(round(seconds)), 60)
+    if m >= 60:
+        return f"{m // 60} h {m % 60:02d} min"
     return f"{m} min {s:02d} s"
 
 
@@ -55,7 +57,7 @@ def wall_time(m: dict) -> float | None:
 
 
 def stage_label(name: str) -> str:
-    if name == "batch_baseline":
+    if name in ("batch_baseline", "calibrate_latency"):
         return name
     for prefix, stage in (("train_", "train@"), ("calibrate_", "calibrate@"), ("evaluate_", "evaluate@"),
                           ("batch_", "batch@")):
@@ -67,8 +69,8 @@ def stage_label(name: str) -> str:
 def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None) -> str:
     """The stages whose metrics record their wall time, in pipeline order, and their sum; with the machine's plain
     step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds)."""
-    order = ["prepare", "distill"] + [f"{s}_{f}" for s in ("train", "calibrate") for f in FAMILY_LABELS] + \
-        ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + ["batch_baseline"] + \
+    order = ["prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS] + ["calibrate_latency"] + \
+        [f"calibrate_{f}" for f in FAMILY_LABELS] + ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + ["batch_baseline"] + \
         [f"batch_{f}" for f in FAMILY_LABELS]
     names = [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
     rows = [(n, wall_time(metrics[n])) for n in names if isinstance(metrics[n], dict) and wall_time(metrics[n])]
@@ -77,10 +79,34 @@ def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = Non
     steps = (lambda t: f" | {t / plain_step_s:,.0f}") if plain_step_s else (lambda t: "")   # noqa: E731
     lines = ["| stage | wall time | seconds" + (" | plain steps |" if plain_step_s else " |"),
              "|---|---|---|" + ("---|" if plain_step_s else "")]
-    lines += [f"| {stage_label(name)} | {_minutes(t)} | {t:,.0f}{steps(t)} |" for name, t in rows]
+    lines += [f"| {stage_label(name)}{_invocations(metrics[name])} | {_minutes(t)} | {t:,.0f}{steps(t)} |"
+              for name, t in rows]
     total = sum(t for _, t in rows)
     lines.append(f"| all of the above | {_minutes(total)} | {total:,.0f}{steps(total)} |")
     return "\n".join(lines) + "\n"
+
+
+def _invocations(m: dict) -> str:
+    """A resumed stage's time is summed over its invocations (pipelines.stage_clock); say how many it took."""
+    n = (m.get("run") or {}).get("invocations") or 1
+    return f" ({n} invocations)" if n > 1 else ""
+
+
+BUDGET_S, BUDGET_PLAIN_STEP_S = 3 * 3600, 0.020   # the default run's target: 3 hours where a plain step is 20 ms
+
+
+def budget_line(metrics: dict[str, dict], plain_step_s: float | None) -> str:
+    """The stages' summed time against the target, in plain steps so that it holds on any machine: 3 hours on one
+    whose plain step is 20 ms is 540,000 plain steps, on a slower one as many of its own."""
+    total = sum(wall_time(m) or 0.0 for m in metrics.values() if isinstance(m, dict))
+    if not plain_step_s or not total:
+        return ""
+    steps, budget = total / plain_step_s, BUDGET_S / BUDGET_PLAIN_STEP_S
+    verdict = "within the target" if steps <= budget else f"{steps / budget - 1:.0%} over the target"
+    return (f"The stages above took {steps:,.0f} plain steps of this machine ({_minutes(total)}); the target, the "
+            f"whole default run within {BUDGET_S // 3600} hours on a machine whose plain step is "
+            f"{1e3 * BUDGET_PLAIN_STEP_S:.0f} ms, is {budget:,.0f} plain steps ({_minutes(budget * plain_step_s)} "
+            f"here): {verdict}.")
 
 
 def machine_line(latency: dict | None) -> str:
@@ -156,8 +182,13 @@ def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None =
     if table:
         out += ["", "Training (`reports/metrics/train_<heads>.json`): val top-1 of each head at the kept epoch.", "",
                 table]
-    times = stage_times_table(metrics, (latency or {}).get("baseline_step_s"))
+    if (latency or {}).get("run"):              # calibrate_latency writes its run record into its profile
+        metrics = {**metrics, "calibrate_latency": {"run": latency["run"]}}
+    step = (latency or {}).get("baseline_step_s")
+    times = stage_times_table(metrics, step)
     if times:
-        out += ["Stage times (each stage's command, from its metrics; in plain steps: the seconds over this machine's "
-                "plain step):", "", times]
+        out += ["Stage times (each stage's command, from its metrics, summed over the invocations a resumed stage "
+                "took; in plain steps: the seconds over this machine's plain step):", "", times]
+        budget = budget_line(metrics, step)
+        out += [budget, ""] if budget else []
     return "\n".join(out) + "\n"

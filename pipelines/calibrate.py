@@ -85,6 +85,7 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
     if batch_sizes != [1]:                       # the batched verify step, for the tree per batch size
         log.info("batched verify: batch sizes %s", batch_sizes)
         record["batch"] = batch_verify_profile(model, batch_sizes, sizes, int(c.latency_repeats), int(c.latency_prefix))
+    record["run"] = run_record()                 # the commit, the machine and this stage's time, as metrics carry
     write_json(latency_path(cfg), record)
     plot_latency(record, latency_path(cfg).with_suffix(".png"))
     return record

@@ -61,6 +61,7 @@ from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
 from models.hardware import applied_host_settings, host_record, machine_label
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
+from pipelines.stage_clock import StageClock
 from pipelines.host import apply_host
 from pipelines.deps import code_digest
 from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
@@ -156,7 +157,8 @@ def run_question(cfg: DictConfig, order: list[Method], tokenizer, q, run: int, t
 
 
 def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions, store: RecordStore,
-                  subsets: dict[str, set[int]] | None = None) -> tuple[dict, dict, dict]:
+                  subsets: dict[str, set[int]] | None = None,
+                  clock: StageClock | None = None) -> tuple[dict, dict, dict]:
     """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts.
     subsets[method name] = the question ids that method runs on (default: all). Questions finished in the store
     are read back, the others decoded and stored as each finishes."""
@@ -189,6 +191,8 @@ def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions, 
                 warmed = True
             result = run_question(cfg, order, tokenizer, q, run, turns, stop_ids)
             store.save(run, q.question_id, result)
+            if clock:
+                clock.save()
         for name, recs in result.records.items():
             records[name][run].extend(recs)
         for turn, ids in enumerate(result.prompts, 1):
@@ -213,7 +217,7 @@ def _speed_postfix(records: dict, run: int) -> str:
 
 # -- 6) summaries and files ------------------------------------------------------------------------
 def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], records: dict, answers: dict,
-                  lossless: dict, model_name: str, device: str) -> dict:
+                  lossless: dict, model_name: str, device: str, clock: StageClock | None = None) -> dict:
     out = Path(cfg.paths.results) / "eval" / sel.tag
     ev = cfg.profile.eval
     settings = {"num_questions": len(answers), "turns": int(ev.turns), "max_new_tokens": int(ev.max_new_tokens),
@@ -244,7 +248,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], record
     write_json(out / "summary.json", summary)
     write_json(out / "lossless_report.json", lossless)
     metrics = {**metrics_of(summary, lossless, per_question=sel.mode != "all"), "host": host_record(device),
-               "run": run_record()}
+               "run": clock.finish(run_record()) if clock else run_record()}
     write_json(Path(cfg.paths.reports) / "metrics" / f"{sel.metrics_name}.json", metrics)
     return summary
 
@@ -283,12 +287,13 @@ def run_evaluation(cfg: DictConfig) -> dict:
             subsets = question_subsets(cfg, methods, questions) if sel.mode in SWEEP_MODES else {}
             store = RecordStore(Path(cfg.paths.data) / "eval-records" / cfg.model.name / sel.tag,
                                 *fingerprint(cfg, sel, methods, questions, device))
-            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, store, subsets)
+            clock = StageClock(store.folder)         # the stage's time over every invocation its records took
+            records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, store, subsets, clock)
         greedy = cfg.eval.temperature_mode == "greedy"
         lossless = check_lossless(methods, records, prompts, float(cfg.eval.lossless_tie_tolerance)) \
             if cfg.eval.check_lossless else {"passed": True, "checked": False, "failures": [], "ties": []}
         lossless["mode"] = "greedy" if greedy else "category temperatures (only T=0 turns checked)"
-        summary = write_results(cfg, sel, methods, records, answers, lossless, cfg.model.name, device)
+        summary = write_results(cfg, sel, methods, records, answers, lossless, cfg.model.name, device, clock)
         for name, s in summary["methods"].items():
             key = name.replace("+", "p")
             for metric in ("speedup", "decode_speedup", "accept_length"):

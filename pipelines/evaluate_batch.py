@@ -36,6 +36,7 @@ from models.measure.lossless import LosslessnessError, judged_difference
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.methods import load_for_decoding
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
+from pipelines.stage_clock import StageClock
 from pipelines.deps import code_digest
 from pipelines.host import apply_host
 from pipelines.methods import pld_settings
@@ -146,6 +147,7 @@ def run_batch_curve(cfg: DictConfig) -> dict:
     store = Path(cfg.paths.data) / "batch-records" / cfg.model.name / tag / fingerprint(cfg, list(methods), sizes,
                                                                                         device)
     out, results = Path(cfg.paths.results) / "batch" / tag, {}
+    clock = StageClock(store)                    # the stage's time over every invocation its cells took
     with mlflow_run(cfg, "evaluate_batch", run_name=f"batch-{tag}"), torch.inference_mode():
         import mlflow
 
@@ -157,6 +159,7 @@ def run_batch_curve(cfg: DictConfig) -> dict:
                     batches = decode_batches(model, [prompts[q] for q in qids], qids, B, new_drafter,
                                              int(cfg.profile.eval.max_new_tokens), stops)
                     write_json(path, {"method": name, "batch_size": B, "batches": batches})
+                    clock.save()
                 batches = json.loads(path.read_text())["batches"]
                 check = lossless_check(model, prompts, refs, batches, float(cfg.eval.lossless_tie_tolerance))
                 tokens = sum(len(a["tokens"]) for b in batches for a in b["answers"])
@@ -172,7 +175,7 @@ def run_batch_curve(cfg: DictConfig) -> dict:
                "methods": results}
     write_json(out / "batch.json", summary)
     write_json(Path(cfg.paths.reports) / "metrics" / f"batch_{tag}.json", {
-        "lossless": passed, "host": host_record(device), "run": run_record(),
+        "lossless": passed, "host": host_record(device), "run": clock.finish(run_record()),
         "tokens_per_s": {m: {B: r["tokens"] / r["wall_time"] for B, r in rs.items()} for m, rs in results.items()}})
     if not passed:
         raise LosslessnessError(f"batch curve {tag}: answers differ from the references stage's beyond a float tie "

@@ -80,10 +80,11 @@ def load_train_metrics(folder: Path) -> dict[str, dict]:
 
 
 def load_stage_metrics(folder: Path) -> dict[str, dict]:
-    """{stem: reports/metrics/<stem>.json} for prepare, distill, every train, calibrate and evaluate stage and the
-    references (dvc.yaml lists them)."""
+    """{stem: reports/metrics/<stem>.json} for prepare, distill, every train, calibrate and evaluate stage, the
+    references and the batch curve's stages (dvc.yaml lists them)."""
     paths = [folder / "prepare.json", folder / "distill.json", *sorted(folder.glob("train_*.json")),
-             *sorted(folder.glob("calibrate_*.json")), folder / "references.json", *sorted(folder.glob("evaluate_*.json"))]
+             *sorted(folder.glob("calibrate_*.json")), folder / "references.json", *sorted(folder.glob("evaluate_*.json")),
+             *sorted(folder.glob("batch_*.json"))]
     return {p.stem: json.loads(p.read_text()) for p in paths if p.is_file()}
 
 

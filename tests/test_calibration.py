@@ -268,6 +268,7 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     # the tree per batch size: from the batched verify profile, among the same trees and chains
     latency = json.loads((tmp_path / "results" / "calibrate" / "latency.json").read_text())
     assert latency["batch"]["batch_sizes"] == [1, 4] and len(latency["batch"]["seconds"]) == 2
+    assert latency["run"]["cpu_count"] >= 1       # the run section reads calibrate_latency's time from its record
     batch = json.loads((out / "batch_trees.json").read_text())["trees"]
     assert set(batch) == {"1", "4"} and metrics["batch_chosen_budget"] == {B: t["budget"] for B, t in batch.items()}
     weighed = [sort_paths(r["paths"]) for r in result["budgets"] + result["chains"]]

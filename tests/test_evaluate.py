@@ -398,7 +398,7 @@ TIMING = {"wall_time", "prefill_time", "decode_time", "speedup", "decode_speedup
           # per-question figures and intervals: times, and what is computed from them (accepted length is not)
           "time", "base_time", "base_decode_time", "mean_of_ratios", "pooled", "speedup_ci", "decode_speedup_ci",
           "speedup_mean_of_ratios", "speedup_pooled", "per_category_speedup",
-          "date", "wall_time_s"}                   # the run record (pipelines.common.run_record): when, how long
+          "date", "wall_time_s", "invocations"}    # the run record (pipelines.common.run_record): when, how long
 
 
 def untimed(obj):
@@ -481,6 +481,8 @@ def test_a_killed_evaluate_resumes_where_it_stopped(resume_cfg, tmp_path, decode
     assert "2 of 4 (run, question) results reused" in caplog.text
     resumed = outputs(tmp_path)
     assert set(resumed) == set(reference) and untimed(resumed) == untimed(reference)
+    # the stage's time sums both invocations (pipelines.stage_clock), the uninterrupted run's is its one
+    assert resumed["evaluate.json"]["run"]["invocations"] == 2 and reference["evaluate.json"]["run"]["invocations"] == 1
 
     # all done: nothing decoded (nor warmed up), the same files to the last figure: a function of the records (the
     # run record's date aside, which says when the stage ran)
@@ -488,6 +490,7 @@ def test_a_killed_evaluate_resumes_where_it_stopped(resume_cfg, tmp_path, decode
     run_evaluation(resume_cfg)
     again = outputs(tmp_path)
     assert decodes.turns == [] and decodes.warmups == 0 and untimed(again) == untimed(resumed)
+    assert again["evaluate.json"]["run"]["invocations"] == 1     # the finished stage cleared its clock
     assert {k: v for k, v in again.items() if k != "evaluate.json"} == {k: v for k, v in resumed.items()
                                                                           if k != "evaluate.json"}
 

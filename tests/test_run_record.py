@@ -42,6 +42,31 @@ def test_stage_times_cover_every_stage_in_pipeline_order_with_their_sum():
     assert stage_times_table(metrics, 0.075).splitlines()[-1] == "| all of the above | 47 min 30 s | 2,850 | 38,000 |"
 
 
+def test_a_resumed_stage_says_how_many_invocations_its_time_sums_and_calibrate_latency_has_its_row():
+    from analysis.run_record import run_markdown
+
+    resumed = record("a", 5400)
+    resumed["run"]["invocations"] = 3
+    metrics = {"train_hydra": record("a", 600), "evaluate_hydra": resumed, "batch_hydra": record("a", 1800)}
+    latency = {"model": "m", "baseline_step_s": 0.1, "run": {"commit": "a", "wall_time_s": 60.0}}
+    text = run_markdown({}, metrics, latency)
+    table = text.split("| stage |")[1].splitlines()[2:]
+    rows = [line.split(" | ")[0].strip("| ") for line in table if line.startswith("| ")]
+    assert rows[:-1] == ["train@hydra", "calibrate_latency", "evaluate@hydra (3 invocations)", "batch@hydra"]
+    assert "| all of the above | 2 h 11 min | 7,860 | 78,600 |" in text
+
+
+def test_the_stages_time_is_judged_against_three_hours_at_a_20_ms_plain_step_in_plain_steps():
+    from analysis.run_record import budget_line
+
+    # 540,000 plain steps: 3 hours where a step is 20 ms, 15 hours where it is 100 ms
+    line = budget_line({"evaluate_hydra": record("a", 15 * 3600)}, 0.100)
+    assert line.startswith("The stages above took 540,000 plain steps of this machine (15 h 00 min)")
+    assert "is 540,000 plain steps (15 h 00 min here): within the target." in line
+    assert budget_line({"evaluate_hydra": record("a", 15 * 3600 * 1.2)}, 0.100).endswith(": 20% over the target.")
+    assert budget_line({"evaluate_hydra": record("a", 60)}, None) == ""
+
+
 def test_the_run_section_states_the_machine_in_plain_steps_and_its_weight_read_floor():
     from analysis.run_record import machine_line
 
