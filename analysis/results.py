@@ -13,6 +13,7 @@ from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, f
 from analysis.recipes_run import recipes_section
 from analysis.batch_curve import batch_markdown
 from analysis.run_record import run_markdown
+from analysis.stage_rates import stage_rates_table
 from analysis.tables import CATEGORIES, PLD_KINDS, ours_label
 
 
@@ -239,6 +240,13 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
     return parts
 
 
+def rates_section(run: dict[str, dict], latency: dict | None) -> list[str]:
+    """Each stage's rate per unit of its work: the cost model's measured column (docs/cost.md)."""
+    table = stage_rates_table(run, (latency or {}).get("baseline_step_s"))
+    return ["What each stage's work cost (the measured rates of the cost model in `docs/cost.md`; the amounts are "
+            "this profile's):", "", table] if table else []
+
+
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
                      conformance: dict | None = None, projection: str | None = None,
@@ -254,7 +262,7 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         ", results/calibrate/latency.json and the GPU bench file its projection names -->",
         "# Results",
         "",
-        *(["## The run", "", run_markdown(summary, run, latency)] if run else []),
+        *(["## The run", "", run_markdown(summary, run, latency), *rates_section(run, latency)] if run else []),
         "## How the figures are made",
         "",
         how_figures_are_made(summary),

@@ -66,14 +66,19 @@ def stage_label(name: str) -> str:
     return name
 
 
+def pipeline_order(metrics: dict[str, dict]) -> list[str]:
+    """The stage metrics' names in the order the pipeline runs them, each stage's families in the papers' order."""
+    order = ["prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS] + ["calibrate_latency"] + \
+        [f"calibrate_{f}" for f in FAMILY_LABELS] + ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + \
+        ["batch_baseline"] + [f"batch_{f}" for f in FAMILY_LABELS]
+    return [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
+
+
 def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None) -> str:
     """The stages whose metrics record their wall time, in pipeline order, and their sum; with the machine's plain
     step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds)."""
-    order = ["prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS] + ["calibrate_latency"] + \
-        [f"calibrate_{f}" for f in FAMILY_LABELS] + ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + ["batch_baseline"] + \
-        [f"batch_{f}" for f in FAMILY_LABELS]
-    names = [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
-    rows = [(n, wall_time(metrics[n])) for n in names if isinstance(metrics[n], dict) and wall_time(metrics[n])]
+    rows = [(n, wall_time(metrics[n])) for n in pipeline_order(metrics) if isinstance(metrics[n], dict)
+            and wall_time(metrics[n])]
     if not rows:
         return ""
     steps = (lambda t: f" | {t / plain_step_s:,.0f}") if plain_step_s else (lambda t: "")   # noqa: E731
