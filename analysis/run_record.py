@@ -192,8 +192,10 @@ def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None =
     step = (latency or {}).get("baseline_step_s")
     times = stage_times_table(metrics, step)
     if times:
-        out += ["Stage times (each stage's command, from its metrics, summed over the invocations a resumed stage "
-                "took; in plain steps: the seconds over this machine's plain step):", "", times]
+        out += ["Stage times (each stage's command, from its metrics; in plain steps: the seconds over this "
+                "machine's plain step). An evaluate or batch stage resumed from its records counts every invocation "
+                "that made them, and says how many; any other stage counts its last invocation, so one resumed from "
+                "a checkpoint or a partly built cache reads less than it cost:", "", times]
         budget = budget_line(metrics, step)
         out += [budget, ""] if budget else []
     return "\n".join(out) + "\n"
