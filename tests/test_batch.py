@@ -179,35 +179,35 @@ def test_bad_batches_are_refused_by_name(tiny):
         generate_batch(model, None, prompts[:2], max_new_tokens=-1)
 
 
-def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path):
+def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path, compose_cfg):
     """prompts_file= (one prompt a line) with random EAGLE heads: every answer printed and written, each the one
-    prompt= gives alone; a cut-off JSON list and two prompt options at once are refused by name."""
+    prompt= gives alone; a cut-off JSON list and two prompt options at once are refused by name. The batch runs as
+    the command itself; the rest through the same main() in this process (a subprocess costs its imports)."""
     import json
     import os
     import subprocess
     import sys
 
+    from pipelines import generate as generate_cmd
     from pipelines.common import REPO_ROOT
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     (tmp_path / "prompts.txt").write_text("Hello there\nName three rivers\n\nWhy is the sky blue?\n")
-    base = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", "heads=eagle", "random_heads=true",
-            "tree=chain4", "max_new_tokens=10", "threads=1", f"hydra.run.dir={tmp_path / 'hydra'}"]
-
-    def run(*args):
-        return subprocess.run([*base, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-    proc = run(f"prompts_file={tmp_path / 'prompts.txt'}", f"output={tmp_path / 'batch.json'}")
+    common = ["model=tiny_random", "heads=eagle", "random_heads=true", "tree=chain4", "max_new_tokens=10"]
+    proc = subprocess.run([sys.executable, "-m", "pipelines.generate", *common, "threads=1",
+                           f"hydra.run.dir={tmp_path / 'hydra'}", f"prompts_file={tmp_path / 'prompts.txt'}",
+                           f"output={tmp_path / 'batch.json'}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "batch of 3" in proc.stdout and "-- [2] Why is the sky blue?" in proc.stdout
     answers = json.loads((tmp_path / "batch.json").read_text())["answers"]
-    assert run("prompt=Name three rivers", f"output={tmp_path / 'one.json'}").returncode == 0
+    generate_cmd.main(compose_cfg(*common[1:], "prompt=Name three rivers", f"output={tmp_path / 'one.json'}"))
     assert answers[1]["new_tokens"] == json.loads((tmp_path / "one.json").read_text())["new_tokens"]
     (tmp_path / "cut.json").write_text('["Hello there", "Name thr')
-    proc = run(f"prompts_file={tmp_path / 'cut.json'}")
-    assert proc.returncode != 0 and "cut off" in proc.stderr
-    proc = run("prompt=Hi", "prompts=[Hello]")
-    assert proc.returncode != 0 and "give one of prompt" in proc.stderr
+    with pytest.raises(ValueError, match="cut off"):
+        generate_cmd.main(compose_cfg(*common[1:], f"prompts_file={tmp_path / 'cut.json'}"))
+    with pytest.raises(ValueError, match="give one of prompt"):
+        generate_cmd.main(compose_cfg(*common[1:], "prompt=Hi", "prompts=[Hello]"))
 
 
 BATCH_QUESTIONS = [{"question_id": i, "category": c, "turns": [t, "And then?"]} for i, (c, t) in enumerate([

@@ -331,48 +331,51 @@ def test_smollm2_random_heads_equal_baseline(smollm_dir):  # smollm_dir builds t
 
     model, tok = load_base_model(str(smollm_dir))
     ids = prompt_ids(tok, "Explain why the sky is blue in a short paragraph.")
-    base = generate(model, tok, ids, max_new_tokens=64)
+    base = generate(model, tok, ids, max_new_tokens=32)
     for family in FAMILIES:
         heads = build_heads(HeadsConfig.for_base(model, family, 4, share_lm_head=True), model).eval()
-        res = generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), max_new_tokens=64)
+        res = generate(model, tok, ids, heads_drafter(heads, TREES["sparse64"]), max_new_tokens=32)
         assert res.new_tokens == base.new_tokens, family
 
 
 @pytest.mark.slow
-def test_generate_cli(tmp_path):
+def test_generate_cli(tmp_path, compose_cfg, capsys):
+    """One run of the command itself (Hydra's command line, a calibrated tree read from a file), then the
+    baseline and a chain through the same main() in this process (a subprocess costs its imports, ~15 s)."""
     import json
     import os
     import subprocess
     import sys
 
+    from pipelines import generate as generate_cmd
+
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     tree_file = tmp_path / "optimal_tree.json"          # tree=optimal_pld reads the calibrated tree from a file
     tree_file.write_text(json.dumps({"name": "calibrated", "paths": [[0], [1], [0, 0]], "topk": 10}))
-    for heads, tree in (("none", ["tree=chain4"]), ("hydra_pp", ["tree=chain4"]),
-                        ("hydra", ["tree=optimal_pld", f"tree.file={tree_file}"])):
-        out = tmp_path / f"{heads}.json"
-        cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", f"heads={heads}", "random_heads=true",
-               *tree, "prompt=Hello there", "max_new_tokens=12", "threads=1", f"output={out}",
-               f"hydra.run.dir={tmp_path / 'hydra'}"]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "mean accepted length" in proc.stdout
-        record = json.loads(out.read_text())
-        assert len(record["new_tokens"]) == 12
-        assert record["tree"] == (None if heads == "none" else tree[0].removeprefix("tree="))
-
-
-def test_generate_cli_refuses_a_negative_token_count(tmp_path):
-    """max_new_tokens=-3 fails naming the value, before any model is loaded, instead of an empty answer."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", "heads=none", "prompt=Hi",
-           "max_new_tokens=-3", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    common = ["model=tiny_random", "random_heads=true", "prompt=Hello there", "max_new_tokens=12"]
+    out = tmp_path / "hydra.json"
+    cmd = [sys.executable, "-m", "pipelines.generate", *common, "heads=hydra", "tree=optimal_pld",
+           f"tree.file={tree_file}", "threads=1", f"output={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "max_new_tokens=-3" in proc.stderr and ">= 1" in proc.stderr
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mean accepted length" in proc.stdout
+    record = json.loads(out.read_text())
+    assert len(record["new_tokens"]) == 12 and record["tree"] == "optimal_pld"
+    for heads, tree in (("none", None), ("hydra_pp", "chain4")):
+        out = tmp_path / f"{heads}.json"
+        generate_cmd.main(compose_cfg(*common[1:], f"heads={heads}", "tree=chain4", f"output={out}"))
+        assert "mean accepted length" in capsys.readouterr().out
+        record = json.loads(out.read_text())
+        assert len(record["new_tokens"]) == 12 and record["tree"] == tree
+
+
+def test_generate_cli_refuses_a_negative_token_count(compose_cfg):
+    """max_new_tokens=-3 fails naming the value, before any model is loaded, instead of an empty answer."""
+    from pipelines import generate as generate_cmd
+
+    with pytest.raises(ValueError, match=r"max_new_tokens=-3.*>= 1"):
+        generate_cmd.main(compose_cfg("heads=none", "prompt=Hi", "max_new_tokens=-3",
+                                      "model.source=/nonexistent/never-loaded"))
     model, tok = build_tiny_model()
     with pytest.raises(ValueError, match=r"max_new_tokens=-3"):
         generate(model, tok, [1, 2, 3], max_new_tokens=-3)
