@@ -101,3 +101,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _stage_start_restored():
+    """A test that runs a stage's main() in this process sets its start time (pipelines.common.STAGE_START); put it
+    back, so a later test in the same worker does not read a stage as running."""
+    from pipelines.common import STAGE_START
+
+    saved = dict(STAGE_START)
+    yield
+    STAGE_START.clear()
+    STAGE_START.update(saved)
