@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers on two cores (`make test` runs `pytest -n 2`): each keeps to one thread, and idle OpenMP
-    # threads sleep at once rather than spin against the other worker. Set before torch is first imported;
+    # One worker per core (`make test` runs `pytest -n auto`): each keeps to one thread, and idle OpenMP
+    # threads sleep at once rather than spin against the other workers. Set before torch is first imported;
     # the subprocesses the tests start inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
