@@ -193,21 +193,21 @@ def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path, c
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     (tmp_path / "prompts.txt").write_text("Hello there\nName three rivers\n\nWhy is the sky blue?\n")
-    common = ["model=tiny_random", "heads=eagle", "random_heads=true", "tree=chain4", "max_new_tokens=10"]
-    proc = subprocess.run([sys.executable, "-m", "pipelines.generate", *common, "threads=1",
+    opts = ["heads=eagle", "random_heads=true", "tree=chain4", "max_new_tokens=10"]   # compose_cfg adds the tiny model
+    proc = subprocess.run([sys.executable, "-m", "pipelines.generate", "model=tiny_random", *opts, "threads=1",
                            f"hydra.run.dir={tmp_path / 'hydra'}", f"prompts_file={tmp_path / 'prompts.txt'}",
                            f"output={tmp_path / 'batch.json'}"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "batch of 3" in proc.stdout and "-- [2] Why is the sky blue?" in proc.stdout
     answers = json.loads((tmp_path / "batch.json").read_text())["answers"]
-    generate_cmd.main(compose_cfg(*common[1:], "prompt=Name three rivers", f"output={tmp_path / 'one.json'}"))
+    generate_cmd.main(compose_cfg(*opts, "prompt=Name three rivers", f"output={tmp_path / 'one.json'}"))
     assert answers[1]["new_tokens"] == json.loads((tmp_path / "one.json").read_text())["new_tokens"]
     (tmp_path / "cut.json").write_text('["Hello there", "Name thr')
     with pytest.raises(ValueError, match="cut off"):
-        generate_cmd.main(compose_cfg(*common[1:], f"prompts_file={tmp_path / 'cut.json'}"))
+        generate_cmd.main(compose_cfg(*opts, f"prompts_file={tmp_path / 'cut.json'}"))
     with pytest.raises(ValueError, match="give one of prompt"):
-        generate_cmd.main(compose_cfg(*common[1:], "prompt=Hi", "prompts=[Hello]"))
+        generate_cmd.main(compose_cfg(*opts, "prompt=Hi", "prompts=[Hello]"))
 
 
 BATCH_QUESTIONS = [{"question_id": i, "category": c, "turns": [t, "And then?"]} for i, (c, t) in enumerate([

@@ -352,9 +352,9 @@ def test_generate_cli(tmp_path, compose_cfg, capsys):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     tree_file = tmp_path / "optimal_tree.json"          # tree=optimal_pld reads the calibrated tree from a file
     tree_file.write_text(json.dumps({"name": "calibrated", "paths": [[0], [1], [0, 0]], "topk": 10}))
-    common = ["model=tiny_random", "random_heads=true", "prompt=Hello there", "max_new_tokens=12"]
+    opts = ["random_heads=true", "prompt=Hello there", "max_new_tokens=12"]      # compose_cfg adds the tiny model
     out = tmp_path / "hydra.json"
-    cmd = [sys.executable, "-m", "pipelines.generate", *common, "heads=hydra", "tree=optimal_pld",
+    cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", *opts, "heads=hydra", "tree=optimal_pld",
            f"tree.file={tree_file}", "threads=1", f"output={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -363,7 +363,7 @@ def test_generate_cli(tmp_path, compose_cfg, capsys):
     assert len(record["new_tokens"]) == 12 and record["tree"] == "optimal_pld"
     for heads, tree in (("none", None), ("hydra_pp", "chain4")):
         out = tmp_path / f"{heads}.json"
-        generate_cmd.main(compose_cfg(*common[1:], f"heads={heads}", "tree=chain4", f"output={out}"))
+        generate_cmd.main(compose_cfg(*opts, f"heads={heads}", "tree=chain4", f"output={out}"))
         assert "mean accepted length" in capsys.readouterr().out
         record = json.loads(out.read_text())
         assert len(record["new_tokens"]) == 12 and record["tree"] == tree
