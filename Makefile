@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast bench bench-batch bench-baseline-noise bench-wait bench-gpu gpu-wheels bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
+.PHONY: repro cost test test-fast bench bench-batch bench-baseline-noise bench-wait bench-gpu gpu-wheels bench-load bench-cut bench-oracle bench-joint bench-scaling conformance conformance-eagle interop dflash-check install mlflow-ui
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
@@ -26,6 +26,11 @@ install: $(STAMP)
 repro: $(STAMP)
 	$(BIN)/python -m pipelines.params $(OVERRIDES)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro $(ARGS)
+
+# what `make repro` will cost here, in under a minute: this machine's plain step and weight-read floor measured, each
+# stage's work for the config (same OVERRIDES) times its rate from the committed run (analysis/cost_rates.json)
+cost: $(STAMP)
+	$(BIN)/python -m pipelines.cost $(OVERRIDES)
 
 # one worker per core, each on one torch thread (tests/conftest.py), a test file to a worker (its module fixtures
 # built once): on a 2-core AVX2 machine the suite took 21 min on one process and 11 on two

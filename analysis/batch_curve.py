@@ -7,7 +7,8 @@
 B > 1 (pipelines/evaluate_batch.py): all new tokens over all wall time, prefills included, of the method's batches
 over the baseline's batches of the same questions (the baseline runs in a stage of its own); the ratio of the
 pooled figures, its 95% interval from resampling the batches together (models.measure.intervals). B = 1 is the
-headline's: the same heads on their calibrated tree (<h>-optimal, <h>-optimal_pld) over their own stage's baseline,
+headline's: the same heads on their calibrated tree (<h>-optimal, <h>-optimal_pld, or the grown <h>-dynamic_optimal(_pld)
+where calibrate chose it) over their own stage's baseline,
 mean of per-question ratios with its interval (a batch of one question is a question).
 """
 from __future__ import annotations
@@ -20,6 +21,16 @@ import numpy as np
 from models.measure.intervals import bootstrap_columns
 
 SUFFIXES = {"batch": ("alone", "optimal"), "batch_pld": ("with prompt lookup", "optimal_pld")}
+GROWN = {"optimal": "dynamic_optimal", "optimal_pld": "dynamic_optimal_pld"}   # the same, grown per step
+
+
+def headline_method(methods: dict, heads: str, headline: str) -> tuple[str, dict | None]:
+    """The B = 1 row's method: the heads' calibrated fixed tree, or their grown one where that ran on more questions
+    (calibrate chose it: profile.eval.unchosen_questions puts the other kind on fewer)."""
+    fixed, grown = f"{heads}-{headline}", f"{heads}-{GROWN.get(headline, headline)}"
+    n = {k: (methods.get(k) or {}).get("questions") or 0 for k in (fixed, grown)}
+    name = grown if n[grown] > n[fixed] else fixed
+    return name, methods.get(name)
 
 
 def load_batch_runs(folder: Path) -> dict[str, dict]:
@@ -55,11 +66,11 @@ def batch_rows(summary: dict | None, runs: dict[str, dict]) -> list[dict]:
         for name, per_b in run["methods"].items():
             heads, _, suffix = name.partition("-")
             label, headline = SUFFIXES.get(suffix, (suffix, None))
-            one = ((summary or {}).get("methods") or {}).get(f"{heads}-{headline}")
+            source, one = headline_method((summary or {}).get("methods") or {}, heads, headline)
             if one and one.get("speedup", {}).get("mean") is not None:
                 ci = ((one.get("intervals") or {}).get("speedup") or {}).get("ci")
                 rows.append({"heads": heads, "variant": label, "batch_size": 1, "speedup": one["speedup"]["mean"],
-                             "ci": ci, "batches": one.get("questions"), "source": f"headline {heads}-{headline}"})
+                             "ci": ci, "batches": one.get("questions"), "source": f"headline {source}"})
             for B, entry in sorted(per_b.items(), key=lambda kv: int(kv[0])):
                 if B in base:
                     rows.append({"heads": heads, "variant": label, "batch_size": int(B), **_paired(entry, base[B]),

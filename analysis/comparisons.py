@@ -18,6 +18,8 @@ from models.measure.intervals import paired_comparison, verdict
 FAMILY_LABELS = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++", "eagle": "EAGLE",
                  "eagle3": "EAGLE-3", "sps": "SpS (draft model)", "dflash": "DFlash"}
 PLD_LABELS = {"pld": "prompt lookup (ours)", "pld_hf": "prompt lookup (transformers)"}
+HF_GENERATE = "hf_generate"        # the method (and kind) of transformers' own greedy generate, no drafting
+HF_GENERATE_LABEL = "transformers' greedy generate (no drafting)"
 METRIC_LABELS = {"speedup": "speed", "accept_length": "accepted length"}
 
 
@@ -54,10 +56,22 @@ def stronger_pld_name(summary: dict) -> str | None:
     return max(plds, key=lambda nv: nv[1])[0] if plds else None
 
 
+def faster_ar_loop(baseline_tps: float | None, hf_tps: float | None) -> tuple[str, float]:
+    """The faster of the two autoregressive loops on this machine, our baseline ("baseline") or transformers' greedy
+    generate (HF_GENERATE), from their tokens/s in the same stage, and the factor that turns a speedup over our
+    baseline into one over the faster loop: baseline_tps / hf_tps where transformers' is faster, else 1 (the figures
+    stand). Without both rates: the baseline, 1."""
+    if baseline_tps and hf_tps and hf_tps > baseline_tps:
+        return HF_GENERATE, baseline_tps / hf_tps
+    return "baseline", 1.0
+
+
 def label(summary: dict, name: str) -> str:
     m = summary["methods"].get(name, {})
     if m.get("kind") in PLD_LABELS:
         return PLD_LABELS[m["kind"]]
+    if m.get("kind") == HF_GENERATE:
+        return HF_GENERATE_LABEL
     if m.get("kind") == "heads":
         return f"{FAMILY_LABELS.get(m['heads'], m['heads'])}, {m['tree']}"
     return name

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.comparisons import FAMILY_LABELS
+from analysis.comparisons import FAMILY_LABELS, HF_GENERATE, HF_GENERATE_LABEL, faster_ar_loop
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- headline: written by `python -m analysis.readme` -->", "<!-- /headline -->"
@@ -27,7 +27,7 @@ def _cell(value: float | None, ci: list | None, unit: str = "") -> str:
     return f"{value:.2f}{unit}" + (f" ({ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
 
 
-PEERS = LOOKUPS | {"sps_hf": "draft model (transformers' assisted generation)"}
+PEERS = LOOKUPS | {"sps_hf": "draft model (transformers' assisted generation)", HF_GENERATE: HF_GENERATE_LABEL}
 
 
 def method_label(name: str) -> str:
@@ -52,7 +52,8 @@ def run_rows(single_runs: dict[str, dict]) -> list[tuple[str, str, dict]]:
 
 def headline_rows(metrics: dict) -> list[tuple[str, dict]]:
     methods = metrics.get("methods", {})
-    rows = [(label, methods[name]) for name, label in LOOKUPS.items() if name in methods]
+    rows = [(HF_GENERATE_LABEL, methods[HF_GENERATE])] if HF_GENERATE in methods else []
+    rows += [(label, methods[name]) for name, label in LOOKUPS.items() if name in methods]
     for family, flabel in FAMILY_LABELS.items():
         for tree, tlabel in TREES.items():
             name = f"{family}-{tree}"
@@ -67,19 +68,39 @@ def ties_note(metrics: dict) -> str:
     return "" if summary == "lossless" else ", " + summary.removeprefix("lossless ")
 
 
+def ar_loops(metrics: dict) -> tuple[str, float]:
+    """(", transformers' greedy generate Y tokens/s: <the faster loop> ..." after the baseline's tokens/s, the factor
+    that turns a speedup over the baseline into one over the faster loop): ("", 1.0) without an hf_generate row."""
+    hf = (metrics.get("methods") or {}).get(HF_GENERATE)
+    base, hf_tps = metrics.get("baseline_tokens_per_s"), (hf or {}).get("tokens_per_s")
+    if not hf or not base or not hf_tps:
+        return "", 1.0
+    faster, factor = faster_ar_loop(base, hf_tps)
+    text = f", transformers' greedy generate {hf_tps:.1f} tokens/s: "
+    if faster == HF_GENERATE:
+        return text + ("transformers' is the faster autoregressive loop on this machine, so the last column gives "
+                       f"each speedup over it (the speedup over the baseline x {factor:.2f})"), factor
+    return text + "the baseline is the faster autoregressive loop on this machine, so the speedups over it stand", 1.0
+
+
 def headline_block(metrics: dict, single_runs: dict[str, dict] | None = None) -> str:
+    loops, factor = ar_loops(metrics)
+    over = factor != 1.0                 # transformers' loop is the faster: a column over it
     lines = [START, "",
              f"{metrics.get('num_questions')} MT-Bench questions, {metrics.get('max_new_tokens')} new tokens, greedy, "
-             f"batch 1; the baseline decoded {metrics.get('baseline_tokens_per_s', 0):.1f} tokens/s. Speedup: mean "
-             "per-question tokens/s over the baseline's (Spec-Bench), with its 95% bootstrap interval over questions. "
-             f"Lossless: {'every' if metrics.get('lossless') else 'NOT every'} one of "
+             f"batch 1; the baseline decoded {metrics.get('baseline_tokens_per_s', 0):.1f} tokens/s{loops}. Speedup: "
+             "mean per-question tokens/s over the baseline's (Spec-Bench), with its 95% bootstrap interval over "
+             f"questions. Lossless: {'every' if metrics.get('lossless') else 'NOT every'} one of "
              f"{metrics.get('lossless_checked_turns')} greedy answers equals the baseline's token for token"
              f"{ties_note(metrics)}.", "",
-             "| method | questions | speedup (95% interval) | accepted tokens a step (95% interval) |",
-             "|---|---|---|---|"]
+             "| method | questions | speedup (95% interval) | accepted tokens a step (95% interval) |"
+             + (" speedup over the faster loop |" if over else ""),
+             "|---|---|---|---|" + ("---|" if over else "")]
     for label, m in headline_rows(metrics):
+        extra = f" {_cell(m['speedup'] * factor, None, 'x')} |" if over and m.get("speedup") is not None else \
+            " - |" if over else ""
         lines.append(f"| {label} | {m.get('questions')} | {_cell(m.get('speedup'), m.get('speedup_ci'), 'x')} | "
-                     f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |")
+                     f"{_cell(m.get('accept_length'), m.get('accept_length_ci'))} |{extra}")
     own = run_rows(single_runs or {})
     if own:
         m2 = ("; Medusa-2's decodes the heads of the committed `train_medusa2.json`"

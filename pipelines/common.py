@@ -21,17 +21,18 @@ CONF_DIR = str(REPO_ROOT / "conf")
 log = logging.getLogger("pipelines")
 
 
-STAGE_START: dict = {}      # when the running stage's command started (set by @stage)
+STAGE_START: dict = {}      # when the running stage's command started and its profile.name (set by @stage)
 
 
 def run_record() -> dict:
-    """What a stage's metrics say about the run that made them: the commit, the machine, the date, and the stage's
-    wall time since its command started (None when called outside a stage command)."""
+    """What a stage's metrics say about the run that made them: the commit, the machine, the date, the profile (so
+    that a metrics file another profile's run left can be told apart) and the stage's wall time since its command
+    started (profile and wall time None when called outside a stage command)."""
     from models.hardware import cpu_flags, cpu_model
 
     started = STAGE_START.get("t")
     return {"commit": git_commit(), "cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "profile": STAGE_START.get("profile"),
             "wall_time_s": None if started is None else round(time.time() - started, 1)}
 
 
@@ -46,7 +47,9 @@ def stage(fn):
     def main(cfg: DictConfig):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         STAGE_START["t"] = time.time()
-        return fn(apply_selection(cfg))
+        cfg = apply_selection(cfg)
+        STAGE_START["profile"] = OmegaConf.select(cfg, "profile.name")       # for run_record
+        return fn(cfg)
     return hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(main)
 
 

@@ -8,6 +8,8 @@ MT-Bench speed evaluation at batch size 1, the methods of one run (eval.methods)
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
                            (eval.prompt_lookup.pld_hf); a method beats prompt lookup if it beats both
+  hf_generate              transformers' own greedy generate, no drafting (eval.hf_generate): the other
+                           autoregressive loop beside the baseline, its tokens checked equal to the baseline's
   <draft model>_hf         transformers' assisted generation with a draft-model family's model (eval.sps_hf),
                            the reference of <draft model>-<tree>
   baseline-<heads>         autoregressive reference of a backbone changed by a LoRA adapter (Medusa-2):
@@ -15,8 +17,8 @@ MT-Bench speed evaluation at batch size 1, the methods of one run (eval.methods)
 Which heads and trees: eval.methods (conf/eval/mtbench.yaml). In DVC each family has its own stage,
 evaluate@<heads> (eval.methods=heads): the baseline and those heads on every tree of profile.eval.trees, written to
 results/eval/<heads>/ and reports/metrics/evaluate_<heads>.json; the stage `references` (eval.methods=references)
-runs the baseline and both prompt lookups into results/eval/references/. Every speedup is over its own run's
-baseline; pipelines.tables pairs methods of different runs by question through those ratios. By hand,
+runs the baseline, both prompt lookups and hf_generate into results/eval/references/. Every speedup is over its
+own run's baseline; pipelines.tables pairs methods of different runs by question through those ratios. By hand,
 `heads=hydra_pp tree=sparse64` runs that one method beside the prompt lookups (results/eval/<heads>-<tree>/), and
 eval.methods=all every family x tree in one process (results/eval/all/).
 
@@ -55,7 +57,7 @@ from tqdm import tqdm
 from models.engine.decoding import SamplingConfig, generate
 from models.measure.benchmark import TurnRecord, speedup_on_questions_of, summarize_method, token_agreement
 from models.measure.mtbench import category_temperature, chat_input_ids, load_questions, rotated
-from models.measure.peers import assisted_generate, prompt_lookup_generate
+from models.measure.peers import assisted_generate, greedy_generate, prompt_lookup_generate
 from models.measure.lossless import LosslessnessError, check_lossless, failure_message
 from models.measure.records import QuestionResult, RecordStore, file_digest
 from models.measure.stage_metrics import metrics_of
@@ -92,6 +94,11 @@ def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConf
         return assisted_generate(method.model, method.assistant, input_ids, max_new,
                                  num_tokens=int(cfg.eval.sps_hf.num_tokens), temperature=temperature,
                                  stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    if method.kind == "hf_generate":
+        if temperature > 0:
+            torch.manual_seed(seed)
+        return greedy_generate(method.model, input_ids, max_new, temperature=temperature, stop_token_ids=stop_ids,
+                               pad_token_id=tokenizer.pad_token_id)
     if method.kind == "pld_hf":
         if temperature > 0:
             torch.manual_seed(seed)
@@ -112,7 +119,8 @@ def plain(node):
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
 
 
-def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], questions, device: str) -> tuple[str, dict]:
+def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], questions, device: str,
+                subsets: dict[str, set[int]] | None = None) -> tuple[str, dict]:
     """(hash, settings): everything a stored result depends on. The stage's params (dvc.yaml), the questions,
     each method as it decodes (resolved tree, step costs, heads files), the model's files, the code, the
     libraries and the hardware and threads (timings are only comparable there)."""
@@ -125,6 +133,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
                 "eval": {k: plain(cfg.eval.get(k)) for k in ("temperature_mode", "category_temperatures", "acceptance",
                                                                "typical", "prompt_lookup", "sps_hf", "rotate_order", "drafters")},
                 "questions": hashlib.sha256(qtext.encode()).hexdigest()[:16], "methods": methods_now,
+                "subsets": {name: sorted(ids) for name, ids in sorted((subsets or {}).items())},
                 "files": {str(p): file_digest(p) for p in [Path(str(cfg.model.files))]
                           + [Path(cfg.paths.results) / "heads" / h for h in sel.heads]},
                 "code": code_digest("pipelines.evaluate"),
@@ -286,7 +295,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
             # the budget cut (profile.eval.tree_questions) is for the tree sweeps; a selected method runs on all
             subsets = question_subsets(cfg, methods, questions) if sel.mode in SWEEP_MODES else {}
             store = RecordStore(Path(cfg.paths.data) / "eval-records" / cfg.model.name / sel.tag,
-                                *fingerprint(cfg, sel, methods, questions, device))
+                                *fingerprint(cfg, sel, methods, questions, device, subsets))
             clock = StageClock(store.folder)         # the stage's time over every invocation its records took
             records, prompts, answers = run_benchmark(cfg, methods, tokenizer, questions, store, subsets, clock)
         greedy = cfg.eval.temperature_mode == "greedy"

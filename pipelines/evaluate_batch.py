@@ -6,14 +6,16 @@ profile.eval.batch_sizes:
   heads=none   the autoregressive baseline                                            -> results/batch/baseline/
   heads=<h>    the heads on their tree for B (results/calibrate/<h>/batch_trees.json), alone (<h>-batch) and with
                prompt lookup's chain merged in (<h>-batch_pld)                          -> results/batch/<h>/
-B = 1 is the headline's (evaluate@<h>, references): not decoded again. The first batch of each B runs once untimed
-(warm-up). A batch's record: its questions, its wall seconds (prefills included), each answer's tokens and accepted
-lengths. Every answer must be the references stage's greedy batch-1 answer (results/eval/references/baseline.json),
-token for token, or a float tie by the evaluation's rule (eval.lossless_tie_tolerance; reported with its margin);
-the stage fails after writing everything otherwise. The baseline runs in its own stage, once for every method: a
-method's ratio pairs its batch with the baseline's batch of the same questions across the two stages
-(analysis/batch_curve.py). Resumable: each (method, B) is written whole when done to
-data/batch-records/<model.name>/<tag>/, and a rerun with the same fingerprint reads it back.
+A B above the number of questions the profile selects is refused before any model loads (it would decode one smaller
+batch and record it under B). With profile.eval.batch_lookup_sizes set, <h>-batch_pld runs at those B only.
+B = 1 is the headline's (evaluate@<h>, references): not decoded again. The first batch
+of each B runs once untimed (warm-up). A batch's record: its questions, its wall seconds (prefills included), each
+answer's tokens and accepted lengths. Every answer must be the references stage's greedy batch-1 answer
+(results/eval/references/baseline.json), token for token, or a float tie by the evaluation's rule
+(eval.lossless_tie_tolerance; reported with its margin); the stage fails after writing everything otherwise. The
+baseline runs in its own stage, once for every method: a method's ratio pairs its batch with the baseline's batch of
+the same questions across the two stages (analysis/batch_curve.py). Resumable: each (method, B) is written whole
+when done to data/batch-records/<model.name>/<tag>/, and a rerun with the same fingerprint reads it back.
 """
 from __future__ import annotations
 
@@ -47,6 +49,30 @@ def batch_sizes(cfg: DictConfig) -> list[int]:
     if any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
         raise ValueError(f"profile.eval.batch_sizes={sizes}: use distinct whole numbers >= 1")
     return [b for b in sizes if b > 1]
+
+
+def check_question_count(cfg: DictConfig, n: int) -> None:
+    """Every B of profile.eval.batch_sizes fits in the n questions the profile selects: a larger B would decode one
+    smaller batch and record it under B."""
+    sizes = [int(b) for b in cfg.profile.eval.get("batch_sizes") or [1]]
+    too_big, asked = [b for b in sizes if b > n], cfg.profile.eval.get("num_questions")
+    if too_big:
+        raise ValueError(f"profile.eval.batch_sizes={sizes} asks for B={max(too_big)} but profile.eval.num_questions="
+                         f"{'null (all)' if asked is None else asked} selects {n} questions; use batch sizes at most "
+                         f"{n} or more questions")
+
+
+def method_sizes(cfg: DictConfig, name: str, sizes: list[int]) -> list[int]:
+    """The batch sizes a method runs at: every B of the curve, but prompt lookup merged in (<h>-batch_pld) only at
+    those of profile.eval.batch_lookup_sizes when it is set (each such cell costs as much as the heads' alone)."""
+    lookup = cfg.profile.eval.get("batch_lookup_sizes")
+    if not name.endswith("-batch_pld") or lookup is None:
+        return sizes
+    unknown = sorted(set(int(b) for b in lookup) - set(sizes) - {1})
+    if unknown:
+        raise ValueError(f"profile.eval.batch_lookup_sizes={list(lookup)} names {unknown}, not batch sizes of "
+                         f"profile.eval.batch_sizes={list(cfg.profile.eval.batch_sizes)}; use some of those")
+    return [b for b in sizes if b in {int(x) for x in lookup}]
 
 
 def reference_answers(cfg: DictConfig, adapted: bool) -> dict[int, list[int]]:
@@ -96,6 +122,8 @@ def methods_for(cfg: DictConfig, model) -> tuple[object, bool, dict]:
 def decode_batches(model, prompts: list[list[int]], qids: list[int], B: int, new_drafter, max_new: int,
                    stops: list[int]) -> list[dict]:
     """Every batch of B consecutive questions once: its wall seconds and answers."""
+    if B > len(prompts):                # the first batch would be smaller than B, and recorded under B
+        raise ValueError(f"batches of {B} from {len(prompts)} questions: B must be at most the number of questions")
     generate_batch(model, None, prompts[:B], [new_drafter(B) for _ in prompts[:B]] if new_drafter else None,
                    max_new_tokens=min(8, max_new), stop_token_ids=stops)                       # warm-up
     out = []
@@ -136,11 +164,12 @@ def run_batch_curve(cfg: DictConfig) -> dict:
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     apply_host(cfg, device)
     sizes = batch_sizes(cfg)
+    questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
+    check_question_count(cfg, len(questions))                  # before any model loads
     base, tok = load_model(cfg, device=device)
     model, adapted, methods = methods_for(cfg, base)
     refs = reference_answers(cfg, adapted)
-    questions = [q for q in load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
-                 if q.question_id in refs]
+    questions = [q for q in questions if q.question_id in refs]
     prompts = {q.question_id: chat_input_ids(tok, q.turns[:1], []) for q in questions}
     qids, stops = [q.question_id for q in questions], stop_token_ids(model, tok)
     tag = "baseline" if cfg.heads.family == "none" else cfg.heads.name
@@ -152,7 +181,7 @@ def run_batch_curve(cfg: DictConfig) -> dict:
         import mlflow
 
         for name, new_drafter in methods.items():
-            for B in sizes:
+            for B in method_sizes(cfg, name, sizes):
                 path = store / f"{name}_b{B}.json"
                 if not path.is_file():
                     log.info("%s: %d questions in batches of %d", name, len(qids), B)

@@ -3,7 +3,7 @@
     sel = selection(cfg)                       # heads: one family x profile.eval.trees; references: the prompt
                                                # lookups; selected: heads x tree; all: families x trees
     methods = build_methods(cfg, model, sel)   # baseline, <heads>-<tree>, <draft model>_hf, baseline-<adapted heads>,
-                                               # and pld, pld_hf, eval.drafters where sel.peers
+                                               # and pld, pld_hf, hf_generate, eval.drafters where sel.peers
     drafter = drafter_for(method, cfg)         # a fresh drafter for one answer (None: the baseline)
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.drafting import StepDrafter, make_drafter, tree_drafter
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding, stock_copy
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.shared import HeadsConfig
 from models.methods import build_heads
@@ -32,7 +32,7 @@ METHOD_MODES = ("auto", "all", "selected", "heads", "references")
 @dataclass
 class Method:
     name: str
-    kind: str                      # baseline | heads | pld | pld_hf | sps_hf | reference | drafter (eval.drafters)
+    kind: str                      # baseline | heads | pld | pld_hf | sps_hf | hf_generate | reference | drafter
     model: object
     heads: object = None
     tree: TreeSpec | GrownTree | None = None
@@ -62,7 +62,7 @@ class Selection:
     metrics_name: str              # reports/metrics/<metrics_name>.json
     heads: list[str]               # heads names (results/heads/<name>)
     trees: list[str | None]        # tree names; None = this config's own tree
-    peers: bool = True             # both prompt lookups and eval.drafters run too
+    peers: bool = True             # both prompt lookups, transformers' greedy generate and eval.drafters run too
 
 
 def selection(cfg: DictConfig) -> Selection:
@@ -174,13 +174,17 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
     if sel.peers and cfg.eval.prompt_lookup.enabled:
         methods += [Method("pld", "pld", model, reference="baseline"),
                     Method("pld_hf", "pld_hf", model, reference="baseline")]
+    if sel.peers and cfg.eval.get("hf_generate", {}).get("enabled"):
+        # transformers' own greedy generate, no drafting, on its own paths (a stock copy of the weights, not
+        # prepared below): the other autoregressive loop, checked against ours
+        methods.append(Method("hf_generate", "hf_generate", stock_copy(model), reference="baseline"))
     drafters = cfg.eval.get("drafters") if sel.peers else None
     for name, spec in (OmegaConf.to_container(drafters, resolve=True) if drafters else {}).items():
         make_drafter(spec)                # an unknown kind or a bad setting fails here, before any decoding
         methods.append(Method(name, "drafter", model, reference="baseline", spec=spec))
     # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
     # too; after the LoRA merges, which change the weights
-    for m in {id(m.model): m.model for m in methods}.values():
+    for m in {id(m.model): m.model for m in methods if m.kind != "hf_generate"}.values():
         log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
     for m in methods:
         if m.heads is not None:
@@ -194,13 +198,43 @@ def tree_question_limits(cfg: DictConfig) -> dict:
     return {} if node is None else OmegaConf.to_container(node)
 
 
+def calibrated_choice(cfg: DictConfig, heads_name: str) -> str:
+    """Which calibrated tree calibrate@<heads> chose for this machine: "fixed" (tree=optimal) or "grown"
+    (tree=dynamic_optimal), from its choice.json."""
+    path = Path(cfg.paths.results) / "calibrate" / heads_name / "choice.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: profile.eval.unchosen_questions runs the tree calibrate did not "
+                                f"choose on fewer questions, and `dvc repro calibrate@{heads_name}` writes the choice")
+    choice = json.loads(path.read_text()).get("choice")
+    if choice not in ("fixed", "grown"):
+        raise ValueError(f"{path}: choice {choice!r} is neither 'fixed' nor 'grown'")
+    return choice
+
+
+def unchosen_limits(cfg: DictConfig, m: Method) -> int | None:
+    """The questions a calibrated tree runs on when it is not the one calibrate chose for its heads
+    (profile.eval.unchosen_questions; its families in profile.eval.both_choices keep both on every question);
+    None: every question."""
+    ev = cfg.profile.eval
+    n, kinds = ev.get("unchosen_questions"), ev.get("choice_trees") or {}
+    if n is None or m.heads_name is None or m.tree_name not in kinds or m.heads_name in (ev.get("both_choices") or []):
+        return None
+    return None if kinds[m.tree_name] == calibrated_choice(cfg, m.heads_name) else int(n)
+
+
 def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[str, set[int]]:
-    """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions."""
+    """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions, the
+    calibrated tree calibrate did not choose (profile.eval.unchosen_questions) and transformers' assisted generation
+    with a draft model (profile.eval.assisted_questions)."""
     limits = tree_question_limits(cfg)
     subsets = {}
+    assisted = cfg.profile.eval.get("assisted_questions")
     for m in methods:
-        if m.tree_name in limits and limits[m.tree_name] is not None:
-            subsets[m.name] = {q.question_id for q in spread(questions, int(limits[m.tree_name]))}
+        n = limits.get(m.tree_name) if m.tree_name in limits else unchosen_limits(cfg, m)
+        if m.kind == "sps_hf":              # transformers' assisted generation: a reference, not a headline row
+            n = assisted
+        if n is not None:
+            subsets[m.name] = {q.question_id for q in spread(questions, int(n))}
     return subsets
 
 

@@ -177,6 +177,8 @@ def test_bad_batches_are_refused_by_name(tiny):
         generate_batch(model, None, prompts[:2], [d, d])
     with pytest.raises(ValueError, match="max_new_tokens=-1"):
         generate_batch(model, None, prompts[:2], max_new_tokens=-1)
+    with pytest.raises(ValueError, match="3 seeds for 2 prompts"):
+        generate_batch(model, None, prompts[:2], seeds=[1, 2, 3])
 
 
 def test_the_generate_command_decodes_a_file_of_prompts_as_one_batch(tmp_path, compose_cfg):
@@ -271,6 +273,20 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
     monkeypatch.setattr(evaluate_batch, "decode_batches", lambda *a, **k: pytest.fail("decoded again"))
     again = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
     assert again["methods"]["hydra-batch"]["4"]["tokens"] == hydra["methods"]["hydra-batch"]["4"]["tokens"]
+
+
+def test_a_batch_size_above_the_questions_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """B = 8 from 5 questions would decode one batch of 5 and record it under 8: refused, naming both numbers, before
+    a model loads; decode_batches refuses it too (the questions the references hold may be fewer)."""
+    from pipelines import evaluate_batch
+
+    monkeypatch.setattr(evaluate_batch, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=r"profile\.eval\.batch_sizes=\[1, 2, 8\] asks for B=8 but "
+                                         r"profile\.eval\.num_questions=null \(all\) selects 5 questions; use batch sizes "
+                                         r"at most 5 or more questions"):
+        evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "none", "profile.eval.batch_sizes=[1,2,8]"))
+    with pytest.raises(ValueError, match="batches of 4 from 3 questions"):
+        evaluate_batch.decode_batches(None, [[1, 2]] * 3, [1, 2, 3], 4, None, 8, [])
 
 
 def test_the_tree_per_batch_size_weighs_the_batched_draft_and_the_grown_trees():

@@ -161,7 +161,8 @@ def test_evaluate_end_to_end(stage_cfg, tmp_path):
 
     summary = run_evaluation(stage_cfg)
     out = tmp_path / "results" / "eval" / "all"
-    names = {"baseline", "pld", "pld_hf", "medusa1-sparse64", "medusa1-chain4", "hydra-sparse64", "hydra-chain4"}
+    names = {"baseline", "pld", "pld_hf", "hf_generate", "medusa1-sparse64", "medusa1-chain4", "hydra-sparse64",
+             "hydra-chain4"}
     assert set(summary["methods"]) == names
     assert {p.stem for p in out.glob("*.json")} == names | {"summary", "lossless_report"}
 
@@ -169,7 +170,7 @@ def test_evaluate_end_to_end(stage_cfg, tmp_path):
     hydra = read(out / "hydra-chain4.json")
     assert hydra["summary"]["kind"] == "heads" and hydra["summary"]["tree_nodes"] == 4
     assert len(hydra["runs"]) == 2 and len(hydra["runs"][0]) == 4            # 2 questions x 2 turns
-    for name in ("hydra-chain4", "pld", "pld_hf"):
+    for name in ("hydra-chain4", "pld", "pld_hf", "hf_generate"):
         for r in read(out / f"{name}.json")["runs"][0]:
             assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["steps"] == len(r["accept_lengths"])
             assert 0 < r["prefill_time"] < r["wall_time"] and r["turn"] in (1, 2)
@@ -209,6 +210,10 @@ def test_evaluate_end_to_end(stage_cfg, tmp_path):
     assert report["methods"]["hydra-chain4"]["checked_turns"] == 8             # 2 runs x 2 questions x 2 turns
     assert report["methods"]["hydra-sparse64"]["checked_turns"] == 4           # 2 runs x 1 question x 2 turns
     assert report["methods"]["pld"]["checked_turns"] == report["methods"]["pld_hf"]["checked_turns"] == 8
+    # transformers' greedy generate, no drafting: every greedy turn the baseline's token for token
+    assert report["methods"]["hf_generate"] == {"reference": "baseline", "checked_turns": 8, "identical": 8,
+                                                "ties": 0, "failures": 0}
+    assert all(a == 1 for run in read(out / "hf_generate.json")["runs"] for r in run for a in r["accept_lengths"])
     metrics = read(tmp_path / "reports" / "metrics" / "evaluate.json")
     assert metrics["lossless"] and set(metrics["methods"]) == names - {"baseline"}
     decode = summary["methods"]["hydra-chain4"]["decode_speedup"]["mean"]
@@ -250,7 +255,7 @@ def test_selected_method_writes_its_own_tag(stage_cfg, tmp_path):
     with open_dict(cfg):
         cfg.eval.num_threads = 1
     summary = run_evaluation(cfg)
-    assert set(summary["methods"]) == {"baseline", "hydra-chain4"}
+    assert set(summary["methods"]) == {"baseline", "hydra-chain4", "hf_generate"}     # eval.hf_generate stays on
     assert summary["methods"]["hydra-chain4"]["questions"] == 2         # the budget cut is for the full run only
     assert (tmp_path / "results" / "eval" / "hydra-chain4" / "summary.json").is_file()
     assert (tmp_path / "reports" / "metrics" / "evaluate_hydra-chain4.json").is_file()
@@ -289,13 +294,13 @@ def test_a_chain_runs_its_own_baseline_and_the_tables_pair_it_with_the_reference
     refs_cfg = heads_cfg.copy()
     refs_cfg.eval.methods = "references"
     refs = run_evaluation(refs_cfg)
-    assert set(refs["methods"]) == {"baseline", "pld", "pld_hf"}
+    assert set(refs["methods"]) == {"baseline", "pld", "pld_hf", "hf_generate"}
     metrics = tmp_path / "reports" / "metrics"
     assert set(read(metrics / "evaluate_hydra.json")["methods"]["hydra-chain4"]["per_question"]) == {"1", "2"}
     assert read(metrics / "references.json")["strongest_pld"]["method"] in ("pld", "pld_hf")
 
     merged = merged_summary(tmp_path / "results" / "eval", ["hydra", "medusa1"])   # medusa1 has not run: left out
-    assert set(merged["methods"]) == {"baseline", "pld", "pld_hf", "hydra-sparse64", "hydra-chain4"}
+    assert set(merged["methods"]) == {"baseline", "pld", "pld_hf", "hf_generate", "hydra-sparse64", "hydra-chain4"}
     assert merged["methods"]["hydra-chain4"]["run"] == "hydra" and merged["methods"]["pld"]["run"] == "references"
     assert merged["methods"]["hydra-chain4"]["speedup"] == ours["methods"]["hydra-chain4"]["speedup"]
     assert merged["settings"]["tree_questions"] == {"sparse64": 1} and merged["lossless"]
@@ -632,7 +637,8 @@ def test_eagle_and_a_draft_model_evaluate_losslessly_beside_assisted_generation(
         stage_cfg.profile.eval.families = ["eagle", "sps"]
         stage_cfg.profile.eval.repeats = 1
     summary = run_evaluation(stage_cfg)
-    assert set(summary["methods"]) == {"baseline", "pld", "pld_hf", "eagle-chain4", "sps-chain4", "sps_hf"}
+    assert set(summary["methods"]) == {"baseline", "pld", "pld_hf", "hf_generate", "eagle-chain4", "sps-chain4",
+                                       "sps_hf"}
     assert summary["methods"]["sps_hf"]["kind"] == "sps_hf" and summary["methods"]["sps_hf"]["heads"] == "sps"
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["sps_hf"]["checked_turns"] == 4   # 2 questions x 2 turns

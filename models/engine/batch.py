@@ -241,6 +241,8 @@ def generate_batch(model, tokenizer, prompts, drafters: list[StepDrafter | None]
     max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
     prompts = check_prompts(prompts, max_pos)
     drafters = _check_drafters(drafters, len(prompts))
+    if seeds is not None and len(seeds) != len(prompts):       # extra seeds would be dropped without a word
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one seed per prompt (or none)")
     sampling = sampling or SamplingConfig()
     device, dtype = next(model.parameters()).device, model.dtype
     seqs = _sequences(prompts, drafters, sampling, seeds, int(max_new_tokens),

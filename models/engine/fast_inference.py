@@ -130,6 +130,18 @@ def use_folded_gqa(model) -> bool:
     return True
 
 
+def stock_copy(model):
+    """A copy of `model` that decodes through transformers' own paths (nn.Linear, its attention), whether or not
+    `model` was prepared: what transformers' generate runs on when it is the reference loop."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    unpack_linears(twin)
+    if getattr(twin.config, "_attn_implementation", None) == GQA_FOLDED:
+        twin.set_attn_implementation("sdpa")
+    return twin
+
+
 def prepare_for_decoding(model) -> dict:
     """Both speed-ups, where they apply (CPU float32 for the linears, SDPA models for the attention)."""
     return {"packed_linears": pack_linears(model), "attention": GQA_FOLDED if use_folded_gqa(model) else

@@ -1,8 +1,10 @@
-"""transformers' own speculative generate, the references our decoder's methods are compared with: prompt lookup
-(method pld_hf) and a draft model as assistant (method sps_hf).
+"""transformers' own generate, the references our decoder's methods are compared with: prompt lookup (method
+pld_hf), a draft model as assistant (method sps_hf), and plain greedy autoregressive decoding, no drafting (method
+hf_generate: the other autoregressive loop beside our baseline, so that a slow baseline cannot flatter a speedup).
 
     result = prompt_lookup_generate(model, input_ids, max_new_tokens=128, num_tokens=10, max_ngram=2)
     result = assisted_generate(model, assistant, input_ids, max_new_tokens=128, num_tokens=4)
+    result = greedy_generate(model, input_ids, max_new_tokens=128)
 """
 from __future__ import annotations
 
@@ -49,6 +51,15 @@ def prompt_lookup_generate(model, input_ids: list[int], max_new_tokens: int, num
     """transformers' prompt lookup decoding (`prompt_lookup_num_tokens`)."""
     return counted_generate(model, input_ids, max_new_tokens, temperature, stop_token_ids, pad_token_id,
                             prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram)
+
+
+@torch.no_grad()
+def greedy_generate(model, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0, stop_token_ids=None,
+                    pad_token_id: int | None = None) -> PeerResult:
+    """transformers' own autoregressive generate, no drafting: model.generate(do_sample=False, use_cache=True) at
+    temperature 0 (sampled at the turn's temperature otherwise, as the other peers); one token a forward call."""
+    return counted_generate(model, input_ids, max_new_tokens, temperature, stop_token_ids, pad_token_id,
+                            use_cache=True)
 
 
 @torch.no_grad()

@@ -58,6 +58,8 @@ class HeadFamily:
     window_recipes: ClassVar[tuple[str, ...]] = ()
     lm_head_bias: ClassVar[bool] = True       # own LM heads (share_lm_head false) have a bias
     lm_head_from_base: ClassVar[bool] = True  # own LM heads start as the base's (draft-vocabulary) rows
+    assistant: ClassVar[bool] = False         # its draft module also runs as transformers' assistant model
+    #                                           (the evaluation's sps_hf beside it)
 
     def num_lm_heads(self, num_heads: int) -> int:
         """Own LM heads built when the heads do not share the base's: one per head."""

@@ -16,6 +16,7 @@ class DraftModelFamily(AutoregressiveFamily):
     alone."""
     name = "draft_model"
     draft_attr = "draft_model"
+    assistant = True
 
     def build_draft(self, base_model, config) -> DraftModel:
         return DraftModel.from_base(base_model, num_layers=config.num_layers)

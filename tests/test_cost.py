@@ -1,0 +1,103 @@
+"""The cost preview (`make cost`): its arithmetic on a tiny profile, worked by hand, and the command on the real
+configs with a stated machine (no measuring, so it runs in a second)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis.cost_model import BUDGET_WEIGHT_READS, Plan, project, projection_table, rate_for, rates_from_run, \
+    stage_work
+from pipelines import cost
+
+
+def tiny_params(**eval_over) -> dict:
+    ev = {"num_questions": 4, "turns": 1, "repeats": 1, "max_new_tokens": 10, "trees": ["a", "b", "c"],
+          "tree_questions": {"c": 2}, "families": ["h1"], "batch_sizes": [1, 2, 4], **eval_over}
+    return {"pipeline_heads": ["h1", "h2"],
+            "eval": {"prompt_lookup": {"enabled": True}, "drafters": {}, "hf_generate": {"enabled": True}},
+            "profile": {"prepare": {"max_conversations": 100},
+                        "distill": {"num_conversations": 10, "val_conversations": 2, "max_new_tokens": 8,
+                                    "relabel_positions": 50},
+                        "calibrate": {"latency_sizes": [1, 4], "latency_repeats": 3, "batch_sizes": [1, 2],
+                                      "budgets": [4, 8], "grown": {"depth": [1, 2], "top_k": [2], "nodes": [4, 8, 16]}},
+                        "eval": ev}}
+
+
+def test_the_work_of_a_tiny_profile_by_hand():
+    plan = Plan.from_params(tiny_params(), epochs={"h1": 2, "h2": 3}, eval_extra={"h1": 1})
+    work = {s: amount for s, (_, amount) in stage_work(plan).items()}
+    assert work["prepare"] == 100
+    assert work["distill"] == 10 * 8 + 2 * 50                       # answers x tokens + 2 tokens a relabelled position
+    positions = (10 - 2) * 8 + 50
+    assert work["train@h1"] == positions * 2 and work["train@h2"] == positions * 3
+    assert work["calibrate_latency"] == 2 * (3 + 1) * (1 + 1)       # sizes x (repeats + warm-up) x (batch 1, B = 2)
+    assert work["calibrate@h1"] == 2 + 2 + 2 * 1 * 3                # budgets, the two fixed trees, the grown grid
+    assert work["references"] == 4 * 4 * 10                         # baseline, pld, pld_hf, hf_generate
+    # baseline + trees a, b on every question + the extra answer (4 questions each), tree c on 2 questions
+    assert work["evaluate@h1"] == ((1 + 2 + 1) * 4 + 2) * 10
+    assert "evaluate@h2" not in work                                # not in profile.eval.families
+    assert work["batch_baseline"] == 2 * 4 * 10                     # B = 2 and 4
+    assert work["batch@h1"] == (2 + 2) * 4 * 10                     # alone and with prompt lookup, each at 2 and 4
+    assert list(work)[-1] == "tables"
+
+
+def test_the_calibrated_kind_not_chosen_runs_on_fewer_questions_but_for_the_families_that_keep_both():
+    over = {"trees": ["s", "opt", "opt_pld", "dyn", "dyn_pld"], "tree_questions": {"s": 2}, "families": ["h1", "h2"],
+            "choice_trees": {"opt": "fixed", "opt_pld": "fixed", "dyn": "grown", "dyn_pld": "grown"},
+            "unchosen_questions": 3, "both_choices": ["h2"]}
+    plan = Plan.from_params(tiny_params(**over), epochs={"h1": 1, "h2": 1})
+    work = {s: a for s, (_, a) in stage_work(plan).items()}
+    assert work["evaluate@h1"] == ((1 + 2) * 4 + 2 + 2 * 3) * 10    # baseline + one kind on 4; s on 2, other kind on 3
+    assert work["evaluate@h2"] == ((1 + 4) * 4 + 2) * 10            # both kinds on every question
+
+
+def test_prompt_lookup_at_fewer_batch_sizes_counts_fewer_batches():
+    plan = Plan.from_params(tiny_params(batch_lookup_sizes=[4]), epochs={"h1": 1, "h2": 1})
+    assert dict((s, a) for s, (_, a) in stage_work(plan).items())["batch@h1"] == (2 + 1) * 4 * 10
+
+
+def test_rates_project_through_plain_steps_into_weight_reads():
+    plan = Plan.from_params(tiny_params(), epochs={"h1": 2, "h2": 3})
+    work = stage_work(plan)
+    # a run whose plain step was 50 ms: references took 8 s for 160 tokens -> 1 plain step a token
+    rates = {s: {"plain_steps_per_unit": r, "source": "measured"}
+             for s, r in rates_from_run({"references": 8.0, "train@h1": 4.0}, work, 0.05).items()}
+    assert rates["references"]["plain_steps_per_unit"] == pytest.approx(1.0)
+    assert rate_for("train@h2", rates)["plain_steps_per_unit"] == rates["train@h1"]["plain_steps_per_unit"]
+    rows = {r.stage: r for r in project(work, rates, plain_step_s=0.1, weight_read_s=0.025)}
+    ref = rows["references"]
+    assert ref.plain_steps == pytest.approx(160) and ref.seconds == pytest.approx(16)
+    assert ref.weight_reads == pytest.approx(640)                  # 16 s / 25 ms
+    assert rows["prepare"].seconds is None and rows["prepare"].source == "no rate"
+    text = projection_table(list(rows.values()), budget=1000)
+    assert "| references | new tokens decoded | 160 | 160 | 640 | 0.3 | measured |" in text
+    assert "Not counted (no rate): prepare, distill" in text
+    assert "over the budget of 1,000 weight reads" in text          # 640 + train's reads exceed it
+
+
+def test_the_preview_of_the_default_and_the_smoke_profile(tmp_path):
+    machine = {"plain_step_s": 0.1, "weight_read_s": 0.04}
+    full, smoke = cost.preview([], machine=machine), cost.preview(["profile=smoke"], machine=machine)
+    assert "profile cpu" in full and "profile smoke" in smoke
+    for text in (full, smoke):
+        assert "| tables | run | 1 |" in text and f"budget of {BUDGET_WEIGHT_READS:,}" in text
+        assert "Not counted" not in text                             # every stage has a rate, measured or borrowed
+    assert "| evaluate@dflash |" in full and "| evaluate@dflash |" not in smoke   # smoke evaluates two families
+
+    def minutes(text):
+        return float(text.split("| all |")[1].split("|")[4].replace(",", ""))
+    assert minutes(smoke) < minutes(full) / 20
+
+
+def test_an_unknown_override_is_refused_by_name():
+    with pytest.raises(Exception, match="profile"):
+        cost.preview(["profile=nope"], machine={"plain_step_s": 0.1, "weight_read_s": 0.04})
+
+
+def test_the_rates_file_names_its_run_and_every_stage_of_the_default_run():
+    rates = json.loads(cost.RATES_FILE.read_text())
+    assert rates["source"]["commit"] and rates["source"]["plain_step_s"] > 0
+    plan = cost.plan_for(cost.compose([]))
+    missing = [s for s in stage_work(plan) if rate_for(s, rates["rates"]) is None]
+    assert missing == []
