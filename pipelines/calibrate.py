@@ -87,6 +87,10 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
         record["batch"] = batch_verify_profile(model, batch_sizes, sizes, int(c.latency_repeats), int(c.latency_prefix))
     record["run"] = run_record()                 # the commit, the machine and this stage's time, as metrics carry
     write_json(latency_path(cfg), record)
+    # the machine's two units, committed with the run: the cost model's rates are read against them
+    # (python -m pipelines.cost --rates)
+    write_json(Path(cfg.paths.reports) / "metrics" / "calibrate_latency.json",
+               {k: record[k] for k in ("model", "machine", "baseline_step_s", "weight_read", "omp_wait", "run")})
     plot_latency(record, latency_path(cfg).with_suffix(".png"))
     return record
 

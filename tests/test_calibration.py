@@ -258,6 +258,9 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     tps = [b["predicted_tokens_per_s"] for b in result["budgets"] + result["chains"]]
     assert result["chosen"]["predicted_tokens_per_s"] == max(tps)          # a chain or a greedy tree
     assert (tmp_path / "results" / "calibrate" / "latency.json").is_file()
+    machine = json.loads((tmp_path / "reports" / "metrics" / "calibrate_latency.json").read_text())
+    assert machine["baseline_step_s"] > 0 and machine["weight_read"]["seconds"] > 0     # the cost model's two units
+    assert json.loads((out / "choice.json").read_text())["choice"] in ("fixed", "grown")
     assert len(list((tmp_path / "results" / "cache" / "calibrate").glob("*.json"))) == (continuation == "greedy")
     # tree=optimal (conf/tree/optimal.yaml, kind: file) loads what the stage wrote
     spec = tree_from_config(dict(cfg.tree, kind="file", file=str(out / "optimal_tree.json")))
