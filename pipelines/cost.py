@@ -25,20 +25,10 @@ from omegaconf import OmegaConf
 
 from analysis.cost_model import BUDGET_WEIGHT_READS, Plan, project, projection_table, rates_from_run, stage_work
 from analysis.run_record import stage_label, wall_time
-from pipelines.common import CONF_DIR, REPO_ROOT, write_json
+from pipelines.common import REPO_ROOT, write_json
+from pipelines.params import compose_config as compose
 
 RATES_FILE = REPO_ROOT / "analysis" / "cost_rates.json"    # as pipelines.tables reads it
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(CONF_DIR, version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    OmegaConf.resolve(cfg)
-    return cfg
 
 
 def family_settings(cfg) -> tuple[dict[str, int], dict[str, int], list[str]]:

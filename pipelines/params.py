@@ -17,11 +17,19 @@ from omegaconf import OmegaConf
 from pipelines.common import CONF_DIR, REPO_ROOT
 
 
-def compose_params(overrides: list[str]) -> str:
+def compose_config(overrides: list[str]):
+    """conf/ composed with the overrides and resolved, as `make repro` writes it into params.yaml."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
     with initialize_config_dir(CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
     OmegaConf.resolve(cfg)
-    return OmegaConf.to_yaml(cfg)
+    return cfg
+
+
+def compose_params(overrides: list[str]) -> str:
+    return OmegaConf.to_yaml(compose_config(overrides))
 
 
 OVERRIDES_LINE = "# composed from conf/ with overrides: "
