@@ -193,7 +193,19 @@ def machine_line(latency: dict | None) -> str:
     wait = latency.get("omp_wait")
     if wait is not None:                         # PASSIVE makes a quiet CPU's step about a third longer
         line += f"; OpenMP wait policy: {wait_policy_name(wait)}"
+    paths = latency.get("paths")
+    if paths:
+        line += f"; {paths_phrase(paths)}"
     return line + "."
+
+
+def paths_phrase(paths: dict) -> str:
+    """The CPU paths the decoders ran on (models/engine/path_choice.py), in words."""
+    how = "measured fastest here" if paths.get("measured") else "the defaults (not measured)"
+    body = "packed (oneDNN)" if paths.get("packed_body") else "stock (nn.Linear)"
+    attention = "folded grouped-query attention" if paths.get("folded_attention") else "transformers' SDPA"
+    return (f"decoding paths, {how}: {body} linears, the LM head by {paths.get('lm_head_few')} for up to 8 rows "
+            f"and {paths.get('lm_head_many')} above, {attention}")
 
 
 def wait_policy_name(omp_wait: dict) -> str:

@@ -25,7 +25,7 @@ import torch
 
 from models.base import load_base_model
 from models.engine.decoding import generate
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.measure.conformance import accepted_counts, compare_steps
 from models.measure.mtbench import chat_input_ids, load_questions
 from models.methods import load_for_decoding

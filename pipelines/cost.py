@@ -75,7 +75,7 @@ def measure_machine(cfg, repeats: int = 15) -> dict:
     """This machine's plain step and weight-read floor on the configured model, as the decoding stages run it."""
     import torch
 
-    from models.engine.fast_inference import prepare_for_decoding
+    from models.engine.path_choice import prepare_for_decoding
     from models.measure.latency import verify_latency_profile, weight_read_seconds
     from pipelines.common import load_model
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.batch import generate_batch
 from models.engine.drafting import make_drafter
-from models.engine.fast_inference import prepare_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.engine.trees import tree_from_config
 from models.hardware import host_record, machine_label
 from models.measure.lossless import LosslessnessError, judged_difference

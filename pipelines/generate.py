@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.batch import generate_batch
 from models.engine.decoding import SamplingConfig, generate
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.engine.drafting import make_drafter
 from models.methods import load_for_decoding
 from pipelines.methods import pld_settings, random_heads, resolve_tree
@@ -66,7 +67,8 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
 class Streamer:
     """on_tokens callback: prints the new text, marking the pieces that came from accepted drafts."""
 
-    def __init__(self, tokenizer, stream=sys.stdout):
+    def __init__(self, tokenizer, stream=None):
+        stream = stream if stream is not None else sys.stdout     # looked up now: a default bound at import goes stale
         self.tok, self.stream, self.tty = tokenizer, stream, stream.isatty()
         self.tokens: list[int] = []
         self.printed = ""

@@ -69,7 +69,8 @@ def test_the_golden_file_is_informative():
 def test_our_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
     from models.engine.drafting import make_drafter
-    from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.engine.path_choice import prepare_for_decoding
     from models.methods import export_heads, import_heads
     from models.measure.conformance import record_steps
     from models.methods.medusa.seeded import seeded_medusa_heads

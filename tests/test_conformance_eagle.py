@@ -65,7 +65,7 @@ def test_the_eagle_harness_summary_names_the_question_and_step_of_a_mismatch():
 @pytest.mark.slow
 def test_our_eagle_decoder_takes_the_official_steps(smollm_dir, tmp_path):
     from models.base import load_base_model
-    from models.engine.fast_inference import prepare_for_decoding
+    from models.engine.path_choice import prepare_for_decoding
     from models.methods import import_heads
     from models.methods.eagle.drafter import EagleDrafter
     from models.methods.eagle.eagle_format import write_eagle_module

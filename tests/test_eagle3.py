@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, time_step
 from models.engine.drafting import heads_drafter, make_drafter
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.engine.taps import LayerTaps, final_and_taps
 from models.methods.eagle.eagle3 import eagle3_taps
 from models.engine.trees import tree_from_config

@@ -12,7 +12,8 @@ from models.base import build_tiny_model
 from models.engine.decoding import generate, verify_tree
 import copy
 
-from models.engine.fast_inference import GQA_FOLDED, is_packed, pack_linears, prepare_for_decoding, unpack_linears
+from models.engine.fast_inference import GQA_FOLDED, is_packed, pack_linears, unpack_linears
+from models.engine.path_choice import prepare_for_decoding
 from models.engine.kv_cache import new_cache
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 

@@ -79,6 +79,11 @@ def test_the_run_section_states_the_machine_in_plain_steps_and_its_weight_read_f
         "memory-bound step; OpenMP wait policy: PASSIVE.")
     assert machine_line({**latency, "omp_wait": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}}).endswith(
         "; OpenMP wait policy: libgomp's default (spin, then sleep).")
+    paths = {"packed_body": False, "folded_attention": True, "lm_head_few": "linear", "lm_head_many": "packed",
+             "measured": True}
+    assert machine_line({**latency, "paths": paths}).endswith(
+        "; decoding paths, measured fastest here: stock (nn.Linear) linears, the LM head by linear for up to 8 rows "
+        "and packed above, folded grouped-query attention.")
     assert machine_line(None) == ""
 
 

@@ -1,6 +1,6 @@
 """Inference-only speed-ups for decoding on a CPU, applied to a loaded model (baseline and speculative alike).
 
-    info = prepare_for_decoding(model)   # {"packed_linears": 211, "attention": "sdpa_gqa_folded"}
+    info = prepare_for_decoding(model)   # models/engine/path_choice.py: the paths below that pay on this machine
 
 A decoding step of a small model on a CPU is bound by reading the weights, so a verify step over a
 handful of tree tokens should cost little more than a 1-token step. Two things made it cost more
@@ -15,6 +15,8 @@ handful of tree tokens should cost little more than a 1-token step. Two things m
      mask to match, and runs the same SDPA with no copy of the cache: the same arithmetic.
 Draft heads get the same packed linears, in bfloat16 where the CPU has bf16 arithmetic (their products
 only pick the drafts; the base model, which decides the output, stays float32).
+Whether each pays depends on the machine (packed linears slow a 2-core AMX Xeon's 1-row step by a third), so
+prepare_for_decoding times them in place and keeps the faster (models/engine/path_choice.py).
 Both keep the model's own forward (no copied modeling code) and fall back to the stock path wherever
 they do not apply (gradients on, another device or dtype, no mask, no grouped heads).
 """
@@ -36,6 +38,8 @@ GQA_FOLDED = "sdpa_gqa_folded"
 # Linear -> ((weight data_ptr, version), packed weight). Kept outside the modules: a deep copy of a prepared
 # model (the Hydra++ prefix layer is one) must not copy oneDNN's opaque tensors; the copy falls back to F.linear.
 _PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+# The base model's own linears (own_linears): never packed for drafting in bfloat16, even where the heads share one
+_BASE: "weakref.WeakSet[nn.Linear]" = weakref.WeakSet()
 
 
 # -- 1) prepacked linears ------------------------------------------------------------------------
@@ -58,7 +62,12 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.to(bias.dtype), packed, bias, "none", [], "").float()
 
 
-def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+def own_linears(model: nn.Module) -> None:
+    """Mark every linear of base `model` as the base's: prepare_heads_for_decoding leaves them as they are."""
+    _BASE.update(m for m in model.modules() if type(m) is nn.Linear)
+
+
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32, skip_base: bool = False) -> int:
     """Give every float32 CPU nn.Linear of `model` a packed copy of its weight, in `dtype` (float32: the same
     products; bfloat16: for drafting only, never for the base model, whose logits decide the output);
     returns how many. A module packed already keeps its copy while its weights are unchanged."""
@@ -68,6 +77,8 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     for module in model.modules():
         w = getattr(module, "weight", None)
         if type(module) is not nn.Linear or w.device.type != "cpu" or w.dtype != torch.float32:
+            continue
+        if skip_base and module in _BASE:      # the base's own, as path_choice left it (packed or not)
             continue
         if _PACKED.get(module, (None,))[0] == (w.data_ptr(), w._version):   # packed already, weights unchanged
             continue
@@ -142,12 +153,6 @@ def stock_copy(model):
     return twin
 
 
-def prepare_for_decoding(model) -> dict:
-    """Both speed-ups, where they apply (CPU float32 for the linears, SDPA models for the attention)."""
-    return {"packed_linears": pack_linears(model), "attention": GQA_FOLDED if use_folded_gqa(model) else
-            getattr(model.config, "_attn_implementation", None)}
-
-
 def prepare_heads_for_decoding(heads, bf16: bool | None = None) -> int:
     """Packed linears for draft heads too (blocks, own LM heads, the Hydra++ prefix layer, and the frozen
     draft-vocabulary LM heads they end in): drafting runs a few of these 1-2 row products per step, each
@@ -155,11 +160,11 @@ def prepare_heads_for_decoding(heads, bf16: bool | None = None) -> int:
     bf16 (None: where the CPU multiplies bf16 in hardware, AVX512-BF16/AMX) packs them in bfloat16, which
     halves the bytes read (a 4096 x 576 draft LM head, 1 row, from memory: 0.40 -> 0.23 ms on AMX). Only
     the drafts change, never the output: verification is the base model's, in float32. A linear the base
-    model shares with the heads (packed already by prepare_for_decoding) stays as it is. Returns how many."""
+    model owns (own_linears, which prepare_for_decoding calls) stays as it is. Returns how many."""
     if bf16 is None:
         bf16 = cpu_has_fast_bf16()
     dtype = torch.bfloat16 if bf16 else torch.float32
-    n = pack_linears(heads, dtype)
+    n = pack_linears(heads, dtype, skip_base=True)
     if hasattr(heads, "output_layers"):
-        n += sum(pack_linears(layer, dtype) for layer in heads.output_layers())
+        n += sum(pack_linears(layer, dtype, skip_base=True) for layer in heads.output_layers())
     return n

@@ -5,7 +5,7 @@
                                             # (Granite's scaling, Cohere's scale, Gemma-2's soft-cap), if any
 
 A 49152 x 576 LM head is a fifth of SmolLM2's weights, and nn.Linear's x @ W.T runs badly on MKL
-for a handful of rows. Measured on this 2-core CPU (1 thread, ms, median):
+for a handful of rows. Measured on a 2-core AMD EPYC with AVX2 (1 thread, ms, median):
 
     rows        1     4     10    22    64
     nn.Linear   19    31    39    63    119
@@ -14,21 +14,30 @@ for a handful of rows. Measured on this 2-core CPU (1 thread, ms, median):
 
 so up to 8 rows go as W @ x.T (one row as two columns) and more rows through oneDNN with a packed
 copy of the weights (cached per layer, re-packed if the weights change). Other devices, dtypes
-and modules use the module itself.
+and modules use the module itself. Which path is fastest differs by machine (on a 2-core AMX Xeon nn.Linear
+takes 3.4 ms for one row, W @ x.T 11.3): models/engine/path_choice.py times them and records its pick (set_paths).
 """
 from __future__ import annotations
 
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from models.engine.fast_inference import is_packed
 
 SMALL_BATCH = 8
 _packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+# LM head -> (path for up to SMALL_BATCH rows, path for more), as models.engine.path_choice measured them
+_paths: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[str, str]]" = weakref.WeakKeyDictionary()
 
 
-def _onednn_weights(linear: torch.nn.Linear):
+def set_paths(linear: torch.nn.Linear, few: str, many: str) -> None:
+    """few: "linear" | "columns" | "packed"; many: "linear" | "onednn" | "packed" (path_choice.LM_FEW, LM_MANY)."""
+    _paths[linear] = (few, many)
+
+
+def onednn_weights(linear: torch.nn.Linear):
     """(mkldnn weight, mkldnn bias) of linear, packed once per weight version; None where oneDNN is missing."""
     w = linear.weight
     key = (w.data_ptr(), w._version)
@@ -45,19 +54,26 @@ def _onednn_weights(linear: torch.nn.Linear):
 
 
 def project(linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) for x [R, h] -> [R, V] (same values up to float rounding)."""
-    if is_packed(linear):                       # prepared by models.engine.fast_inference: its own fast path
+    """linear(x) for x [R, h] -> [R, V] (same values up to float rounding), by the path measured fastest for
+    this many rows where one was (set_paths), else: packed, or columns up to SMALL_BATCH rows and oneDNN above."""
+    paths = _paths.get(linear)
+    if paths is None and is_packed(linear):     # prepared by models.engine.fast_inference: its own fast path
         return linear(x.to(linear.weight.dtype))
     if not (isinstance(linear, torch.nn.Linear) and x.device.type == "cpu" and linear.weight.dtype == torch.float32):
         # float32 heads on a bf16 base's shared LM head (GPU profiles): the product in the weights' dtype
         return linear(x.to(linear.weight.dtype)) if isinstance(linear, torch.nn.Linear) else linear(x)
     x = x.to(torch.float32)
     R = x.shape[0]
-    if R <= SMALL_BATCH:
+    kind = (paths[0] if R <= SMALL_BATCH else paths[1]) if paths else ("columns" if R <= SMALL_BATCH else "onednn")
+    if kind == "packed" and is_packed(linear):
+        return linear(x)
+    if kind in ("linear", "packed"):
+        return F.linear(x, linear.weight, linear.bias)
+    if kind == "columns":
         cols = torch.cat([x, x]) if R == 1 else x
         out = (linear.weight @ cols.T)[:, :R].T                               # [R, V], a column-major view
         return out if linear.bias is None else out + linear.bias
-    packed = _onednn_weights(linear)
+    packed = onednn_weights(linear)
     if packed is None:
         return linear(x)
     return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()

@@ -24,7 +24,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.methods.dflash import DFLASH
 from models.methods.draft_model import DRAFT_MODEL
 from models.methods.eagle import EAGLE, EAGLE3

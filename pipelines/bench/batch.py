@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.batch import generate_batch
 from models.engine.drafting import make_drafter
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.engine.trees import tree_from_config
 from models.hardware import host_record
 from pipelines.common import conf_option, load_model, log, stage, write_json

@@ -168,7 +168,8 @@ def stand_in_tree(tree_cfg: dict) -> dict:
 
 def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     """{"name", "model", "make_drafter", "random_heads", "tree_nodes"} per spec, models prepared for decoding."""
-    from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.engine.path_choice import prepare_for_decoding
     from models.engine.drafting import make_drafter
     from pipelines.methods import pld_settings, random_heads, resolve_tree, tree_config
 

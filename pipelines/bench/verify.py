@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.engine.decoding import SamplingConfig, generate
 from models.engine.drafting import make_drafter
-from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding
 from models.measure.latency import verify_latency_profile
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.hardware import cpu_model

@@ -32,7 +32,8 @@ def decode_all(cfg: DictConfig, settings: dict) -> dict:
 
     from models.engine.decoding import generate
     from models.engine.drafting import make_drafter
-    from models.engine.fast_inference import prepare_for_decoding, prepare_heads_for_decoding
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.engine.path_choice import prepare_for_decoding
     from models.engine.trees import tree_from_config
     from models.measure.mtbench import chat_input_ids, load_questions
     from pipelines.bench.verify import same_size_fixed

@@ -1,0 +1,113 @@
+"""pytest tests/test_path_choice.py: the CPU paths are chosen by timing them here, and every choice decodes the same.
+
+measure_paths times every option in place and keeps the fastest of each; apply_paths puts a model on any choice,
+and whatever it is the logits and the greedy tokens are the stock model's; a model too small to time keeps the
+default paths; bf16 draft heads never pack a base LM head the choice left unpacked.
+"""
+import itertools
+
+import pytest
+import torch
+
+from models.base import build_tiny_model
+from models.engine import path_choice
+from models.engine.decoding import generate
+from models.engine.drafting import heads_drafter
+from models.engine.fast_inference import GQA_FOLDED, is_packed, packing_available
+from models.engine.path_choice import (DEFAULT, LM_FEW, LM_MANY, PathChoice, apply_paths, measure_paths,
+                                      prepare_for_decoding)
+from models.engine.projection import base_logits
+from models.engine.trees import TreeSpec
+
+needs_onednn = pytest.mark.skipif(not packing_available(), reason="no oneDNN linear in this torch build")
+BRANCHY = TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+
+
+def grouped_model(seed=1):
+    return build_tiny_model("llama", num_attention_heads=4, num_key_value_heads=2, seed=seed)
+
+
+@needs_onednn
+def test_measure_paths_times_every_option_and_keeps_the_fastest():
+    model, _ = grouped_model()
+    choice = measure_paths(model, prefix=16, rows=4, repeats=2)
+    ms = choice.timings_ms
+    assert choice.measured
+    assert {f"body_{p}_{n}" for p in ("stock", "packed") for n in (1, 4)} <= set(ms)
+    assert {"attention_sdpa_4", "attention_folded_4"} <= set(ms)
+    assert {f"lm_head_{k}_1" for k in LM_FEW} | {f"lm_head_{k}_8" for k in LM_MANY} <= set(ms)
+    body = {p: ms[f"body_{p}_1"] + ms[f"body_{p}_4"] for p in ("stock", "packed")}
+    assert choice.packed_body == (body["packed"] < body["stock"])
+    assert choice.folded_attention == (ms["attention_folded_4"] < ms["attention_sdpa_4"])
+    assert ms[f"lm_head_{choice.lm_head_few}_1"] == min(ms[f"lm_head_{k}_1"] for k in LM_FEW)
+    assert ms[f"lm_head_{choice.lm_head_many}_8"] == min(ms[f"lm_head_{k}_8"] for k in LM_MANY)
+    # measuring leaves the model as it found it: stock linears, its own attention
+    assert not any(is_packed(m) for m in model.modules())
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_too_small_to_time_keeps_the_default_paths():
+    model, _ = grouped_model()
+    assert path_choice.weight_bytes(model) < path_choice.MIN_MEASURED_BYTES
+    info = prepare_for_decoding(model)
+    assert info["paths"] == DEFAULT.as_dict() and not info["paths"]["measured"]
+    if packing_available():
+        assert info["attention"] == GQA_FOLDED and is_packed(model.get_output_embeddings())
+
+
+CHOICES = [PathChoice(packed, folded, few, many)
+           for packed, folded, few, many in itertools.product((False, True), (False, True), LM_FEW, LM_MANY)]
+
+
+@needs_onednn
+@pytest.mark.parametrize("choice", CHOICES, ids=lambda c: f"{c.packed_body}-{c.folded_attention}-{c.lm_head_few}-"
+                                                        f"{c.lm_head_many}")
+def test_every_choice_gives_the_stock_logits(choice):
+    model, _ = grouped_model()
+    ids = torch.randint(3, 250, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        stock = torch.nn.functional.linear(hidden, model.get_output_embeddings().weight)
+    info = apply_paths(model, choice)
+    assert info["attention"] == (GQA_FOLDED if choice.folded_attention else "sdpa")
+    with torch.inference_mode():
+        hidden_fast = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        logits = base_logits(model)
+        for rows in (1, 3, 24):                  # one row, a few (the few-rows path), many
+            torch.testing.assert_close(logits(hidden_fast[:rows]), stock[:rows], rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("choice", [PathChoice(False, False, "linear", "linear"),
+                                    PathChoice(True, True, "columns", "onednn"),
+                                    PathChoice(False, True, "linear", "packed")], ids=["stock", "mixed", "measured-amx"])
+def test_greedy_tokens_unchanged_on_any_choice(choice):
+    from tests.test_decoding import random_heads
+
+    model, tok = grouped_model(seed=3)
+    prompt = list(range(10, 50))
+    base = generate(model, tok, prompt, max_new_tokens=32, stop_token_ids=[]).new_tokens
+    heads = random_heads(model, "hydra")
+    apply_paths(model, choice)
+    assert generate(model, tok, prompt, max_new_tokens=32, stop_token_ids=[]).new_tokens == base
+    assert generate(model, tok, prompt, heads_drafter(heads, BRANCHY), max_new_tokens=32,
+                    stop_token_ids=[]).new_tokens == base
+
+
+@needs_onednn
+def test_bf16_heads_leave_an_unpacked_base_lm_head_alone():
+    """A head sharing the base LM head (full vocabulary) must not pack it in bfloat16 where the choice left it
+    unpacked: the base's logits decide the output."""
+    from models.engine.fast_inference import prepare_heads_for_decoding
+    from models.methods import build_heads
+    from models.shared import HeadsConfig
+
+    model, _ = build_tiny_model("llama", seed=2)
+    heads = build_heads(HeadsConfig.for_base(model, "medusa", 2, 1, share_lm_head=True), model).eval()
+    lm_head = model.get_output_embeddings()
+    prepare_for_decoding(model, PathChoice(False, True, "linear", "linear"))
+    prepare_heads_for_decoding(heads, bf16=True)
+    assert not is_packed(lm_head)
+    x = torch.randn(2, lm_head.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(lm_head(x), torch.nn.functional.linear(x, lm_head.weight))
