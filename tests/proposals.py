@@ -8,7 +8,7 @@ from models.engine.drafting import DraftContext, draft_tree, proposer_for
 
 
 def started(heads, hidden: torch.Tensor, sampling: SamplingConfig | None = None, generator=None, input_ids=None):
-    """heads' registered proposer, started on the prompt's hidden states [T, h]."""
+    """heads' proposer (the factory of the Method the heads carry), started on the prompt's hidden states [T, h]."""
     proposer = proposer_for(heads)
     proposer.start(DraftContext(input_ids, hidden, sampling or SamplingConfig(), generator))
     return proposer

@@ -100,7 +100,8 @@ def test_the_libraries_packages_form_no_cycle_and_the_engine_imports_no_method()
     """Package level, not module level: models.shared importing the engine while one engine module imports
     models.shared is a cycle between the packages even where no two modules import each other. The engine
     (models/engine) imports only itself and the library's base modules (models.base, models.hardware): a method
-    (models/shared: Medusa, Hydra, EAGLE, the draft model) reaches it by registering its proposer."""
+    (models/methods: Medusa, Hydra, EAGLE, the draft model, DFlash) reaches it through the heads it builds, which
+    carry their Method, whose proposer factory the engine calls (drafters/proposer.py proposer_for)."""
     graph = package_graph()
     assert {"models.engine", "models.shared", "models.measure", "models.methods.eagle"} <= set(graph)
     assert find_cycle(graph) is None, f"import cycle between packages: {' -> '.join(find_cycle(graph))}"

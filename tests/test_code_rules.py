@@ -27,6 +27,9 @@ def test_no_module_touches_another_modules_underscored_names():
                     continue
                 if ast.unparse(node) not in THIRD_PARTY:
                     found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom):          # `from x import _name` reaches in as well as x._name does
+                found += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}: from {node.module} import {a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
 
 

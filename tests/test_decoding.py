@@ -18,7 +18,7 @@ from models.base import build_tiny_model
 from models.engine.decoding import SamplingConfig, decode_step, generate, prefill, verify_tree
 from models.shared import HeadsConfig
 from models.methods import build_heads, method
-from models.engine.kv_cache import MIN_CAPACITY, keep_accepted, new_cache
+from models.engine.kv_cache import MIN_CAPACITY, cache_kwargs, keep_accepted, new_cache
 from models.engine.drafting import (DraftContext, NgramIndex, PromptLookupDrafter, TreeDrafter,
                                     cut_by_cost, heads_drafter)
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, tree_from_config
@@ -284,13 +284,13 @@ def test_keep_accepted_equals_causal_forward(make_cache):
     tokens = torch.randint(3, 200, (buf.num_tokens,))
     with torch.inference_mode():
         cache = make_cache()
-        dec(input_ids=prefix, past_key_values=cache, use_cache=True)
+        dec(input_ids=prefix, use_cache=True, **cache_kwargs(dec, cache))
         hidden = verify_tree(dec, tokens, buf, cache, past=250)
         path = buf.retrieve[-1][buf.retrieve[-1] >= 0].tolist()          # root -> [1] -> [1,1] -> [1,1,0]
         assert path != list(range(len(path)))
         keep_accepted(cache, 250, path, buf.num_tokens)
         ref_cache = DynamicCache()
-        ref = dec(input_ids=torch.cat([prefix, tokens[path][None]], 1), past_key_values=ref_cache, use_cache=True)
+        ref = dec(input_ids=torch.cat([prefix, tokens[path][None]], 1), use_cache=True, **cache_kwargs(dec, ref_cache))
     assert cache.get_seq_length() == 250 + len(path)
     for got, want in zip(cache.layers, ref_cache.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,5 @@
-"""The drafter protocol: make_drafter builds every kind from a spec, a new drafter is one class and one
-registration, and what a step reports comes back in its Draft."""
+"""The drafter protocol: make_drafter builds every kind from a spec, a new drafter is one class and one entry in
+make_drafter's table of kinds, and what a step reports comes back in its Draft."""
 from __future__ import annotations
 
 import pytest

@@ -14,7 +14,7 @@ import copy
 
 from models.engine.fast_inference import GQA_FOLDED, is_packed, pack_linears, unpack_linears
 from models.engine.path_choice import prepare_for_decoding
-from models.engine.kv_cache import new_cache
+from models.engine.kv_cache import cache_kwargs, new_cache
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
 TREES = [chain_tree(5, topk=2), TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)]
@@ -24,7 +24,7 @@ def verify_hidden(model, prompt, tokens, buf):
     decoder = model.get_decoder()
     cache = new_cache()
     with torch.inference_mode():
-        decoder(input_ids=prompt, past_key_values=cache, use_cache=True)
+        decoder(input_ids=prompt, use_cache=True, **cache_kwargs(decoder, cache))
         return verify_tree(decoder, tokens, buf, cache, prompt.shape[1])
 
 

@@ -14,6 +14,7 @@ from models.base import build_tiny_model
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import generate, prefill, verify_tree
 from models.engine.drafting import make_drafter
+from models.engine.kv_cache import cache_kwargs
 from models.engine.static_step import StaticDecoder, attach_static
 from models.engine.taps import LayerTaps, WrittenTaps, step_taps
 from models.engine.trees import TreeBuffers, tree_from_config
@@ -72,8 +73,8 @@ def tree_step(tokens_of: int):
 def forward(decoder, cache, past, step):
     """A tree step (tree_step) through verify_tree, or with step None a plain 1-token step."""
     if step is None:
-        decoder(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[past]]), past_key_values=cache,
-                use_cache=True)
+        decoder(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[past]]), use_cache=True,
+                **cache_kwargs(decoder, cache))
     else:
         verify_tree(decoder, *step, cache, past, torch.float32)
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from models.engine.kv_cache import new_cache
+from models.engine.kv_cache import cache_kwargs, new_cache
 
 
 @dataclass
@@ -96,8 +96,8 @@ class HFGenerator:
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)                                    # [B, W]
         cache = new_cache()
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1]                 # [B, V]
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                            logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1]                 # [B, V]
         next_pos = positions[:, -1] + 1                                                    # [b]
         rows = list(range(B))                  # prompt index of each row still in the batch
         new: list[list[int]] = [[] for _ in prompts]
@@ -121,7 +121,7 @@ class HFGenerator:
                 tokens, mask, next_pos = tokens[sel], mask[sel], next_pos[sel]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)                 # [b, W + step + 1]
             logits = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                                use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1]
             next_pos = next_pos + 1
         return [Generated(new[r], finished[r]) for r in range(B)]
 

@@ -249,3 +249,9 @@ def _children_q(draft_q, node: int, num_children: int) -> tuple[torch.Tensor | N
 
 
 ACCEPTANCE = {"greedy": accept_greedy, "typical": accept_typical, "sampling": accept_sampling}
+
+
+def rule_for(sampling: SamplingConfig):
+    """The acceptance rule a step runs: greedy at temperature 0, else the configured one (looked up per call, so a
+    test may swap an entry of ACCEPTANCE)."""
+    return ACCEPTANCE["greedy" if sampling.greedy else sampling.acceptance]

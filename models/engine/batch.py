@@ -34,11 +34,11 @@ import torch
 
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig
-from models.engine.decoding import GenerationResult, _first_token, _Output, _zero_timings, drafter_taps, \
-    resolve_stop_ids
+from models.engine.decoding import GenerationResult, Output, checked_max_new_tokens, drafter_taps, first_token, \
+    resolve_stop_ids, zero_timings
 from models.engine.drafters.base import DraftContext, StepDrafter
 from models.engine.drafters.tree import draft_many
-from models.engine.kv_cache import keep_accepted_rows, new_cache
+from models.engine.kv_cache import cache_kwargs, keep_accepted_rows, new_cache
 from models.engine.projection import base_logits
 from models.engine.taps import LayerTaps
 
@@ -51,7 +51,7 @@ class _Seq:
     root: int
     drafter: StepDrafter | None
     generator: torch.Generator
-    out: _Output
+    out: Output
     accept_lengths: list
     finished_at: float = 0.0
 
@@ -100,13 +100,13 @@ def _prefill(decoder, logits_of, prompts: list[list[int]], seqs: list[_Seq], sam
     positions = pos.expand(len(prompts), T)
     mask = attention_masks(decoder.config, visible, positions, positions, dtype)
     with LayerTaps(decoder, drafter_taps(seqs[0].drafter)) as tapped:
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True).last_hidden_state                                   # [B, T, h]
+        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **cache_kwargs(decoder, cache)).last_hidden_state                                   # [B, T, h]
     features = hidden if not tapped.taps else tapped.features()
     last = logits_of(hidden[torch.arange(len(prompts), device=device), lengths - 1])       # [B, V]: one LM head
     for b, (s, p) in enumerate(zip(seqs, prompts)):
         s.past = len(p)
-        s.root = _first_token(last[b], sampling, s.generator, speculative=s.drafter is not None)
+        s.root = first_token(last[b], sampling, s.generator, speculative=s.drafter is not None)
         if s.drafter is not None:
             s.drafter.start(DraftContext(ids[b, :len(p)], features[b, :len(p)], sampling, s.generator))
 
@@ -136,8 +136,8 @@ def _verify(decoder, drafts, seqs: list[_Seq], cache, device, dtype, taps) -> tu
         k_pos[b, L:] = depth[b]
     mask = attention_masks(decoder.config, visible, depth, k_pos, dtype)
     with LayerTaps(decoder, taps) as tapped:
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=depth, past_key_values=cache,
-                         use_cache=True).last_hidden_state
+        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=depth, use_cache=True,
+                         **cache_kwargs(decoder, cache)).last_hidden_state
     return hidden, tapped
 
 
@@ -148,7 +148,7 @@ def _sequences(prompts, drafters, sampling: SamplingConfig, seeds, max_new_token
         g = torch.Generator(device=device)
         seed = seeds[b] if seeds is not None else (None if sampling.seed is None else sampling.seed + b)
         g.manual_seed(seed) if seed is not None else g.seed()
-        seqs.append(_Seq(b, 0, 0, d, g, _Output(max_new_tokens, stops, None), []))
+        seqs.append(_Seq(b, 0, 0, d, g, Output(max_new_tokens, stops, None), []))
     return seqs
 
 
@@ -179,13 +179,13 @@ def _batched_logits(hidden: torch.Tensor, drafts: list, logits_of) -> tuple[dict
 
 def _accept(live: list[_Seq], drafts: list, hidden: torch.Tensor, logits_of, sampling: SamplingConfig):
     """Each sequence's rule on its own rows -> (paths, (drafted tokens, bonus) per sequence, LM-head seconds)."""
-    rule = acceptance.ACCEPTANCE["greedy" if sampling.greedy else sampling.acceptance]
+    rule = acceptance.rule_for(sampling)
     computed, lm_head = _batched_logits(hidden, drafts, logits_of)
     paths, emitted = [], []
     for b, (s, d) in enumerate(zip(live, drafts)):
         if d is None:                                                   # a plain step: the root's row alone
             paths.append([0])
-            emitted.append(([], _first_token(computed[b][0], sampling, s.generator, speculative=s.drafter is not None)))
+            emitted.append(([], first_token(computed[b][0], sampling, s.generator, speculative=s.drafter is not None)))
             continue
         node_logits = NodeLogits(hidden[b, :d.buf.num_tokens], logits_of)
         if b in computed:
@@ -236,8 +236,7 @@ def generate_batch(model, tokenizer, prompts, drafters: list[StepDrafter | None]
     drafters: one per prompt (each a fresh drafter: it holds that sequence's state), or None for the baseline.
     seeds: each sequence's generator seed (default: sampling.seed + b, or fresh ones without a seed). Each
     GenerationResult's wall_time is the batch's time until that sequence finished; its timings are the batch's."""
-    if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number >= 0")
+    max_new_tokens = checked_max_new_tokens(max_new_tokens)
     max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
     prompts = check_prompts(prompts, max_pos)
     drafters = _check_drafters(drafters, len(prompts))
@@ -250,7 +249,7 @@ def generate_batch(model, tokenizer, prompts, drafters: list[StepDrafter | None]
     if max_new_tokens == 0:
         return [GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens") for _ in prompts]
     decoder, logits_of = model.get_decoder(), base_logits(model)
-    timings, taps = _zero_timings(), drafter_taps(drafters[0])
+    timings, taps = zero_timings(), drafter_taps(drafters[0])
     t0 = time.perf_counter()
     cache = new_cache()
     _prefill(decoder, logits_of, prompts, seqs, sampling, cache, device, dtype)

@@ -39,7 +39,7 @@ import torch
 from models.engine import acceptance
 from models.engine.acceptance import NodeLogits, SamplingConfig, accept_on_device, sample, typical_probs, warp_probs
 from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
-from models.engine.kv_cache import keep_accepted, new_cache
+from models.engine.kv_cache import cache_kwargs, keep_accepted, new_cache
 from models.engine.projection import BaseLogits, base_logits
 from models.engine.static_step import attach_static
 from models.engine.taps import LayerTaps, step_taps
@@ -83,7 +83,7 @@ class GenerationResult:
                 "tokens_per_second": self.tokens_per_second}
 
 
-class _Output:
+class Output:
     """Collects emitted tokens and applies the stop rules (shared by baseline and speculative loops)."""
 
     def __init__(self, max_new_tokens: int, stop_ids: set[int], on_tokens):
@@ -134,7 +134,7 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers | DeviceTree, ca
     position_ids = (buf.depth.to(tokens.device) + past).unsqueeze(0)           # [1, N]
     mask = verify_masks(decoder.config, buf, past, dtype, tokens.device)
     out = decoder(input_ids=tokens.unsqueeze(0), attention_mask=mask, position_ids=position_ids,
-                  past_key_values=cache, use_cache=True)
+                  use_cache=True, **cache_kwargs(decoder, cache))
     return out.last_hidden_state[0]
 
 
@@ -159,7 +159,7 @@ def verify_masks(config, buf: TreeBuffers | DeviceTree, past: int, dtype: torch.
     return sliding if types is None else {"full_attention": full, "sliding_attention": sliding}
 
 
-def _first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
+def first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
     """Token from base logits [V]: argmax when greedy, else a draw from the warped distribution
     (from the typical set when speculative decoding uses typical acceptance, as Medusa does)."""
     if sampling.greedy:
@@ -167,6 +167,14 @@ def _first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, spec
     if speculative and sampling.acceptance == "typical":
         return sample(typical_probs(logits, sampling), generator)
     return sample(warp_probs(logits, sampling), generator)
+
+
+def checked_max_new_tokens(max_new_tokens) -> int:
+    """The token limit as an int; a bool, a fraction or a negative number is refused by name."""
+    if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
+                         ">= 0 (0 returns an empty answer)")
+    return int(max_new_tokens)
 
 
 def _as_ids(input_ids, device) -> torch.Tensor:
@@ -184,7 +192,7 @@ def _as_ids(input_ids, device) -> torch.Tensor:
 TIMED_PARTS = ("draft", "verify", "lm_head", "accept", "commit")
 
 
-def _zero_timings() -> dict:
+def zero_timings() -> dict:
     return dict.fromkeys(TIMED_PARTS, 0.0)
 
 
@@ -204,7 +212,7 @@ class DecodeState:
     generator: torch.Generator | None
     dtype: torch.dtype
     device: torch.device
-    timings: dict = field(default_factory=_zero_timings)
+    timings: dict = field(default_factory=zero_timings)
     sync: Callable[[], None] | None = None
 
     def rewind(self, past: int, root: int) -> None:
@@ -233,8 +241,8 @@ def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch
     decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
     cache = new_cache()
     with LayerTaps(decoder, drafter_taps(drafter)) as tapped:
-        hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]     # [T, h]
-    root = _first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
+        hidden = decoder(input_ids=ids, use_cache=True, **cache_kwargs(decoder, cache)).last_hidden_state[0]  # [T, h]
+    root = first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
     if drafter is not None:
         features = hidden if not tapped.taps else tapped.features()[0]                               # [T, w]
         drafter.start(DraftContext(ids[0], features, sampling, generator, static=static_drafts))
@@ -257,7 +265,7 @@ def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_dept
         if tree is None or tree.num_tokens == 1:
             hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
                                    position_ids=torch.tensor([[past]], device=state.device),
-                                   past_key_values=state.cache, use_cache=True).last_hidden_state[0]
+                                   use_cache=True, **cache_kwargs(state.decoder, state.cache)).last_hidden_state[0]
         else:
             hidden = verify_tree(state.decoder, draft.tokens, tree, state.cache, past, state.dtype)      # [N, h]
     t3 = state.clock()
@@ -289,9 +297,9 @@ def _accept(state: DecodeState, draft, hidden: torch.Tensor, speculative: bool) 
     if draft is None or draft.buf.num_tokens == 1:
         logits = state.base_logits(hidden)[0]                                                    # [V]
         lm_head = state.clock() - start
-        return [0], [], _first_token(logits, state.sampling, state.generator, speculative), lm_head
+        return [0], [], first_token(logits, state.sampling, state.generator, speculative), lm_head
     node_logits = NodeLogits(hidden, state.base_logits)
-    rule = acceptance.ACCEPTANCE["greedy" if state.sampling.greedy else state.sampling.acceptance]
+    rule = acceptance.rule_for(state.sampling)
     path, bonus = rule(draft.tokens, draft.buf, node_logits, state.sampling, state.generator, draft.draft_q)
     return path, draft.tokens[path[1:]].tolist(), bonus, node_logits.seconds
 
@@ -329,10 +337,7 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen). static_drafts:
     drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: with the static
     step (False keeps them eager under it, to compare)."""
-    if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: the number of tokens to generate is a whole number "
-                         ">= 0 (0 returns an empty answer)")
-    max_new_tokens = int(max_new_tokens)
+    max_new_tokens = checked_max_new_tokens(max_new_tokens)
     sampling = sampling or SamplingConfig()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
@@ -341,7 +346,7 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     else:
         generator.seed()
     stops = resolve_stop_ids(model, tokenizer, stop_token_ids)
-    out = _Output(max_new_tokens, stops, on_tokens)
+    out = Output(max_new_tokens, stops, on_tokens)
     max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
     ids = _as_ids(input_ids, device)
     if ids.shape[1] > max_pos:

@@ -17,11 +17,31 @@ their attention reads the first `span` slots (the static step sets it per step; 
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 MIN_CAPACITY = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_name(forward) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_kwargs(module, cache) -> dict:
+    """{name: cache} under the name `module`'s forward takes it: `cache` from transformers 5.24 on (where
+    `past_key_values` is deprecated, a warning a call), `past_key_values` before (the GPU box's 5.17)."""
+    cls = type(module)
+    return {_cache_name(getattr(cls, "forward", None) or cls.__call__): cache}    # a stand-in of ours: its __call__
+
+
+def given_cache(kwargs: dict):
+    """The cache a forward of ours was handed, under either name (a stand-in for a transformers module)."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
 class GrowingLayer(DynamicLayer):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from models.engine import fast_inference as fi
 from models.engine import projection
+from models.engine.kv_cache import cache_kwargs, new_cache
 
 MIN_MEASURED_BYTES = 32 << 20        # a model this small decodes in microseconds: its timings would be noise
 LM_FEW = ("linear", "columns", "packed")          # up to projection.SMALL_BATCH rows
@@ -73,14 +74,12 @@ class _Bench:
     """A prefix in a cache and a timed decoder forward of n rows after it (the rows cropped off again)."""
 
     def __init__(self, model, prefix: int, seed: int = 0):
-        from models.engine.kv_cache import new_cache
-
         self.model, self.decoder = model, model.get_decoder()
         g = torch.Generator().manual_seed(seed)
         self.vocab = model.config.vocab_size
         self.ids = lambda n: torch.randint(self.vocab, (1, n), generator=g)
         self.cache, self.past = new_cache(), prefix
-        self.decoder(input_ids=self.ids(prefix), past_key_values=self.cache, use_cache=True)
+        self.decoder(input_ids=self.ids(prefix), use_cache=True, **cache_kwargs(self.decoder, self.cache))
 
     def forward(self, n: int, mask: bool = False) -> tuple[float, torch.Tensor]:
         kwargs = {}
@@ -89,7 +88,7 @@ class _Bench:
             kwargs["attention_mask"] = torch.cat([torch.zeros(n, self.past), block], 1)[None, None]
         ids, pos = self.ids(n), torch.arange(self.past, self.past + n)[None]
         t = time.perf_counter()
-        hidden = self.decoder(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+        hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=True, **cache_kwargs(self.decoder, self.cache),
                               **kwargs).last_hidden_state[0]
         seconds = time.perf_counter() - t
         self.cache.crop(-n)

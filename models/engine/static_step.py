@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from models.engine.fused import FusedParts
-from models.engine.kv_cache import StaticCache
+from models.engine.kv_cache import StaticCache, cache_kwargs, given_cache
 from models.engine.taps import WrittenTaps
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)     # verify sizes a step is rounded up to (one graph each)
@@ -114,8 +114,8 @@ class StaticDecoder:
         self.cache.set_span(span)                   # the layers hand attention views of the first span slots
         with self.fused.applied() if self.fused is not None else contextlib.nullcontext():
             return self.decoder(input_ids=self.ids[:, :b], attention_mask=self.mask[:, :, :b, :span],
-                                position_ids=self.position_ids[:, :b], past_key_values=self.cache,
-                                use_cache=True).last_hidden_state
+                                position_ids=self.position_ids[:, :b], use_cache=True,
+                                **cache_kwargs(self.decoder, self.cache)).last_hidden_state
 
     def _capture(self, key: tuple[int, int]):
         """The (size, span) forward captured as a CUDA graph (warmed up on a side stream first) -> (graph, output)."""
@@ -147,8 +147,8 @@ class StaticDecoder:
         graph.replay()
         return out
 
-    def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
-        if past_key_values is not self.cache:
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, use_cache=True, **cache):
+        if given_cache(cache) is not self.cache:
             raise ValueError("a StaticDecoder runs on its own StaticCache (attach_static puts it in the state)")
         if isinstance(attention_mask, dict):
             raise ValueError("per-layer-type masks (sliding windows) are not supported by the static step")

@@ -67,7 +67,7 @@ def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), 
     prefix_len-token prompt, in one forward with the LM head on every row; median seconds [len(batch_sizes)][len(
     sizes)], sizes interleaved within each repeat. Eager (a batch takes no static step)."""
     from models.engine.batch import attention_masks
-    from models.engine.kv_cache import new_cache
+    from models.engine.kv_cache import cache_kwargs, new_cache
     from models.engine.projection import base_logits
 
     device, dtype = next(model.parameters()).device, model.dtype
@@ -81,7 +81,7 @@ def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), 
         causal = (pos[:, None] >= pos[None, :]).expand(B, -1, -1)
         decoder(input_ids=ids, attention_mask=attention_masks(decoder.config, causal, pos.expand(B, -1),
                                                               pos.expand(B, -1), dtype),
-                position_ids=pos.expand(B, -1), past_key_values=cache, use_cache=True)
+                position_ids=pos.expand(B, -1), use_cache=True, **cache_kwargs(decoder, cache))
         times = {int(n): [] for n in sizes}
         for rep in range(repeats + 1):                                   # round 0 warms up
             for n in times:
@@ -93,8 +93,8 @@ def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), 
                                        dtype)
                 tokens = torch.randint(model.config.vocab_size, (B, n), generator=g).to(device)
                 t0 = time.perf_counter()
-                hidden = decoder(input_ids=tokens, attention_mask=mask, position_ids=q, past_key_values=cache,
-                                 use_cache=True).last_hidden_state
+                hidden = decoder(input_ids=tokens, attention_mask=mask, position_ids=q, use_cache=True,
+                                 **cache_kwargs(decoder, cache)).last_hidden_state
                 logits_of(hidden.reshape(B * n, -1))
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

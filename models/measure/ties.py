@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from models.engine.kv_cache import new_cache
+from models.engine.kv_cache import cache_kwargs, new_cache
 from models.engine.projection import base_logits
 
 TIE_STEPS = 2          # a tie: both shapes' margins within two rounding steps of the dtype at the logits' size
@@ -47,7 +47,7 @@ def _forward(decoder, logits_fn, cache, ids: list[int], start: int) -> torch.Ten
     device = cache_device(decoder)
     hidden = decoder(input_ids=torch.tensor([ids], device=device),
                      position_ids=torch.arange(start, start + len(ids), device=device)[None],
-                     past_key_values=cache, use_cache=True).last_hidden_state[0]
+                     use_cache=True, **cache_kwargs(decoder, cache)).last_hidden_state[0]
     return logits_fn(hidden).float()
 
 

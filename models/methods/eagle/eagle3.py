@@ -38,6 +38,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from models.engine.kv_cache import cache_kwargs
 from models.shared.autoregressive.draft import AutoregressiveDraft
 from models.shared.layer_config import layer_config
 
@@ -72,13 +73,13 @@ class Eagle3Layer(nn.Module):
                 elif isinstance(m, LlamaRMSNorm):
                     m.weight.fill_(1.0)
 
-    def forward(self, x: torch.Tensor, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+    def forward(self, x: torch.Tensor, attention_mask=None, position_ids=None, cache=None, use_cache=False,
                 position_embeddings=None, **kwargs) -> torch.Tensor:
         emb, feature = x[..., :self.hidden_size], x[..., self.hidden_size:]                 # [B, T, h] each
         a = torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], dim=-1)        # [B, T, 2h]
         attn = self.self_attn(hidden_states=a, attention_mask=attention_mask, position_ids=position_ids,
-                              past_key_values=past_key_values, use_cache=use_cache,
-                              position_embeddings=position_embeddings, **kwargs)
+                              use_cache=use_cache, position_embeddings=position_embeddings,
+                              **cache_kwargs(self.self_attn, cache), **kwargs)
         h = feature + (attn[0] if isinstance(attn, tuple) else attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -12,6 +12,7 @@ import copy
 import torch
 from torch import nn
 
+from models.engine.kv_cache import cache_kwargs
 from models.shared.draft_heads import DraftHeads
 
 
@@ -56,7 +57,7 @@ class HydraPPHeads(DraftHeads):
         mask = torch.zeros(B, 1, T, past + T, dtype=dtype, device=x.device)
         mask.masked_fill_(~causal, torch.finfo(dtype).min)
         pos_emb = self._base["rotary"](x, position_ids)
-        out = self.prefix_layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                                use_cache=cache is not None, position_embeddings=pos_emb)
+        out = self.prefix_layer(x, attention_mask=mask, position_ids=position_ids, use_cache=cache is not None,
+                                position_embeddings=pos_emb, **cache_kwargs(self.prefix_layer, cache))
         out = out[0] if isinstance(out, tuple) else out
         return self.prefix_norm(out).to(hidden.dtype)

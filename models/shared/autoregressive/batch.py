@@ -23,7 +23,7 @@ class DraftBatch:
     def __init__(self, proposers: list):
         self.proposers = proposers
         first = proposers[0]
-        self.eagle, self.logits, self.head_dtype = first.eagle, first.logits, first.head_dtype
+        self.draft, self.logits, self.head_dtype = first.draft, first.logits, first.head_dtype
         self.accepted = [p.accepted for p in proposers]                  # each row's accepted pairs; its root next
         lengths = [a + 1 for a in self.accepted]
         self.width = max(lengths)
@@ -50,7 +50,7 @@ class DraftBatch:
     def scores(self, frontiers: list) -> list[torch.Tensor]:
         """Depth >= 1 of every sequence's tree: the frontier's nodes (the same nodes in each: one tree) through the
         draft module in one forward -> each sequence's children logits [R, Vd]."""
-        f0, B, dtype = frontiers[0], len(frontiers), self.eagle.dtype
+        f0, B, dtype = frontiers[0], len(frontiers), self.draft.dtype
         nodes, R = f0.nodes, f0.nodes.numel()
         if self.pred.shape[1] < f0.tokens.numel():                         # room for every node of the tree
             grown = self.pred.new_zeros(B, f0.tokens.numel(), self.pred.shape[-1])
@@ -66,7 +66,7 @@ class DraftBatch:
         mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill(~visible,
                                                                                        torch.finfo(dtype).min)
         pos = (torch.tensor(self.accepted, device=self.device) + f0.depth)[:, None].expand(B, R)
-        out = self.eagle(feats.to(dtype), tokens, pos, cache=self.cache, attention_mask=mask[:, None])   # [B, R, h]
+        out = self.draft(feats.to(dtype), tokens, pos, cache=self.cache, attention_mask=mask[:, None])   # [B, R, h]
         self.pred[:, nodes] = out
-        logits = self.logits(self.eagle.readout(out.reshape(B * R, -1)).to(self.head_dtype))           # [B*R, Vd]
+        logits = self.logits(self.draft.readout(out.reshape(B * R, -1)).to(self.head_dtype))           # [B*R, Vd]
         return list(logits.view(B, R, -1))

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from models.engine.kv_cache import cache_kwargs
+
 
 def reinit_linears(module: nn.Module, std: float) -> None:
     """Every Linear under `module` re-initialised as the base model initialises its own: normal(0, std) weights,
@@ -86,7 +88,7 @@ class AutoregressiveDraft(nn.Module):
         pos_emb = self.rotary(x, position_ids)                                              # (cos, sin)
         for layer in self.layers:
             out = layer(x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids,
-                        past_key_values=cache, use_cache=cache is not None, position_embeddings=pos_emb)
+                        use_cache=cache is not None, position_embeddings=pos_emb, **cache_kwargs(layer, cache))
             x = out[0] if isinstance(out, tuple) else out                                   # [B, T, h]
         norm = getattr(self, "norm", None)                  # a submodule when the subclass has one
         return x if norm is None else norm(x)

@@ -57,18 +57,18 @@ class AutoregressiveProposer:
     def __init__(self, heads=None, eagle=None):
         if (heads is None) == (eagle is None):
             raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
-        self.eagle = heads.draft_module if heads is not None else eagle    # any AutoregressiveDraft
+        self.draft = heads.draft_module if heads is not None else eagle    # any AutoregressiveDraft
         self.max_depth = None                  # the layer runs over its own outputs: as deep as a tree asks
-        self.taps = self.eagle.taps            # EAGLE-3: the decode step hands it these base states, not the final
+        self.taps = self.draft.taps            # EAGLE-3: the decode step hands it these base states, not the final
         if heads is not None:
             linear, self.to_ids = heads.output_layer(0), heads.to_token_ids                      # [R, h] -> [R, Vd]
             self.logits = lambda x: project(linear, x)
             self.head_dtype = linear.weight.dtype
             self.draft_ids, self.vocab_size = heads.draft_ids, heads.config.vocab_size
         else:
-            self.logits = BaseLogits(self.eagle.lm_head, logit_transform(self.eagle.base_config))   # [R, h] -> [R, V]
-            self.to_ids, self.head_dtype = (lambda index: index), self.eagle.lm_head.weight.dtype
-            self.draft_ids, self.vocab_size = None, self.eagle.base_config.vocab_size
+            self.logits = BaseLogits(self.draft.lm_head, logit_transform(self.draft.base_config))   # [R, h] -> [R, V]
+            self.to_ids, self.head_dtype = (lambda index: index), self.draft.lm_head.weight.dtype
+            self.draft_ids, self.vocab_size = None, self.draft.base_config.vocab_size
         self._cache = new_cache()                      # the draft layer's KV rows: accepted pairs only
         self.pending: list[tuple[torch.Tensor, ...]] = []   # accepted pairs (feats, tokens, positions) not yet run
         self.feature = None                            # [h] f_{P-1}, the last accepted position's base feature
@@ -97,8 +97,8 @@ class AutoregressiveProposer:
         self.history.clear()
         T = hidden.shape[0]
         if ctx.static:
-            self.static = StaticDraftCache.for_prompt(self.static, len(self.eagle.layers), T, hidden.device,
-                                                      self.eagle.dtype)
+            self.static = StaticDraftCache.for_prompt(self.static, len(self.draft.layers), T, hidden.device,
+                                                      self.draft.dtype)
             self._cache = self.static.cache
         else:
             self.static, self._cache = None, new_cache()
@@ -117,7 +117,7 @@ class AutoregressiveProposer:
         m = tokens.shape[1]
         self.static = self.static.with_room(m)
         self._cache = self.static.cache
-        self.eagle(feats, tokens, pos, cache=self._cache, attention_mask=self.static.rows(m))
+        self.draft(feats, tokens, pos, cache=self._cache, attention_mask=self.static.rows(m))
         self.static.commit(m)
 
     def held(self) -> int:
@@ -138,7 +138,7 @@ class AutoregressiveProposer:
         if not rows:
             return None
         feats, tokens, pos = (torch.cat([r[i] for r in rows], dim=1) for i in range(3))
-        out = self.eagle(feats.to(self.eagle.dtype), tokens, pos, cache=self._cache)
+        out = self.draft(feats.to(self.draft.dtype), tokens, pos, cache=self._cache)
         return out[0, -1] if root is not None else None
 
     def advance(self, hidden: torch.Tensor, tokens: list[int], position: int) -> None:
@@ -155,7 +155,7 @@ class AutoregressiveProposer:
         self.keep(position + m, hidden[-1])
 
     def keep(self, positions: int, feature: torch.Tensor) -> None:
-        feature = feature.to(self.eagle.dtype)
+        feature = feature.to(self.draft.dtype)
         self.history.push(positions, feature)
         self.set_feature(feature)
 
@@ -200,7 +200,7 @@ class AutoregressiveProposer:
         out = self.flush(root)                                      # the accepted pairs and the root's, one forward
         self.accepted = self._cache.get_seq_length() - 1
         self.run, self.pred = torch.zeros(1, dtype=torch.long), out[None]
-        self.root_logits = self.logits(self.eagle.readout(out[None]).to(self.head_dtype))        # [1, Vd]
+        self.root_logits = self.logits(self.draft.readout(out[None]).to(self.head_dtype))        # [1, Vd]
 
     @torch.no_grad()
     def scores(self, frontier: Frontier) -> torch.Tensor:
@@ -208,7 +208,7 @@ class AutoregressiveProposer:
         tree-masked) -> the logits of their children [R, Vd]; their predicted features kept for the next depth."""
         if frontier.depth == 0 and self.root_logits is not None:                               # run by begin
             return self.root_logits
-        device, dtype, nodes = self.feature.device, self.eagle.dtype, frontier.nodes
+        device, dtype, nodes = self.feature.device, self.draft.dtype, frontier.nodes
         feats = self.feature[None] if frontier.depth == 0 else self.pred[frontier.parents]       # [R, h]
         offset = 0 if self.run is None else self.run.numel()
         self.run = nodes if self.run is None else torch.cat([self.run.to(nodes.device), nodes])   # [C] in cache order
@@ -220,7 +220,7 @@ class AutoregressiveProposer:
             mask = torch.zeros(1, 1, nodes.numel(), self.accepted + self.run.numel(), dtype=dtype, device=device)
             mask[..., self.accepted:].masked_fill_(~seen, torch.finfo(dtype).min)
             pos = torch.full((1, nodes.numel()), self.accepted + frontier.depth, dtype=torch.long, device=device)
-        out = self.eagle(feats[None], frontier.tokens[nodes][None], pos, cache=self._cache, attention_mask=mask)[0]
+        out = self.draft(feats[None], frontier.tokens[nodes][None], pos, cache=self._cache, attention_mask=mask)[0]
         n = frontier.tokens.numel()
         if self.pred is None or self.pred.shape[0] < n:
             grown = out.new_empty(n, out.shape[-1])
@@ -228,7 +228,7 @@ class AutoregressiveProposer:
                 grown[:self.pred.shape[0]] = self.pred
             self.pred = grown
         self.pred[nodes] = out                                                                   # [R, h]
-        return self.logits(self.eagle.readout(out).to(self.head_dtype))
+        return self.logits(self.draft.readout(out).to(self.head_dtype))
 
     def end(self) -> None:
         if self.static is None:
