@@ -1,7 +1,7 @@
 """Speculative decoding library: one engine, one package per drafting method.
 
     models/base.py      loading a base model (a folder, a hub id, or a tiny random one for tests)
-    models/engine/      the decoding engine: decode_step (decoding.py), trees, drafters, acceptance rules,
+    models/engine/      the decoding engine: one step for every batch size (step.py), trees, drafters, acceptance rules,
                         the pruned KV cache, the CPU fast paths
     models/methods/     one package per drafting method: medusa/ (Medusa-1/2), hydra/ (Hydra, Hydra++),
                         eagle/ (EAGLE-1/3), draft_model/, dflash/: module, family, proposer, training, formats;

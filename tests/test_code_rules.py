@@ -34,18 +34,26 @@ def test_no_module_touches_another_modules_underscored_names():
 
 
 def test_only_the_decode_step_verifies_and_prunes():
-    """verify_tree and keep_accepted are called in models/engine/decoding.py's decode_step and nowhere else."""
+    """One step for every batch size: keep_accepted and the step's verify are called in models/engine/step.py's
+    step, verify_tree (the verify by hand, for tests and benches) only in decoding.py on top of it, and nothing
+    else in the library verifies a tree or prunes the cache: generate and generate_batch are two doors to step."""
     calls = []
     for path in sources():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        own = path.name == "step.py" or any(isinstance(n, ast.ImportFrom) and n.module == "models.engine.step"
+                                            for n in ast.walk(tree))     # step and verify: the step module's
+        names = {"verify_tree", "keep_accepted", "step_verify"} | ({"verify", "step"} if own else set())
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 name = ast.unparse(node.func).split(".")[-1]
-                if name in ("verify_tree", "keep_accepted"):
+                if name in names and (name not in ("verify", "step") or isinstance(node.func, ast.Name)):
                     calls.append((str(path.relative_to(REPO_ROOT)), name))
-    assert sorted(calls) == [("models/engine/decoding.py", "keep_accepted"), ("models/engine/decoding.py", "verify_tree")]
-    text = (REPO_ROOT / "models/engine/decoding.py").read_text()
-    step = text[text.index("def decode_step("):text.index("\ndef ", text.index("def decode_step(") + 1)]
-    assert re.search(r"\bverify_tree\(", step) and re.search(r"\bkeep_accepted\(", step)
+    assert sorted(calls) == [("models/engine/batch.py", "step"), ("models/engine/decoding.py", "step"),
+                             ("models/engine/decoding.py", "step_verify"), ("models/engine/step.py", "keep_accepted"),
+                             ("models/engine/step.py", "verify")]
+    text = (REPO_ROOT / "models/engine/step.py").read_text()
+    body = text[text.index("def step("):]
+    assert re.search(r"\bverify\(", body) and re.search(r"\bkeep_accepted\(", body)
 
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60

@@ -288,7 +288,7 @@ def test_keep_accepted_equals_causal_forward(make_cache):
         hidden = verify_tree(dec, tokens, buf, cache, past=250)
         path = buf.retrieve[-1][buf.retrieve[-1] >= 0].tolist()          # root -> [1] -> [1,1] -> [1,1,0]
         assert path != list(range(len(path)))
-        keep_accepted(cache, 250, path, buf.num_tokens)
+        keep_accepted(cache, 250, [250], [path])
         ref_cache = DynamicCache()
         ref = dec(input_ids=torch.cat([prefix, tokens[path][None]], 1), use_cache=True, **cache_kwargs(dec, ref_cache))
     assert cache.get_seq_length() == 250 + len(path)

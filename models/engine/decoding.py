@@ -13,7 +13,7 @@
 The decoder never names a drafting strategy: a drafter (models/engine/drafters/) proposes a Draft, the step
 verifies and accepts it, the drafter follows the accepted path.
 
-One step (decode_step; docs/design.md#the-decode-step):
+One step (decode_step: models/engine/step.py at B = 1, the one step generate_batch runs too; docs/design.md#the-decode-step):
   1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers (a Draft:
              the heads' tree, a chain of context tokens, ...); m = 0 drafts (or no drafter) is a plain
              1-token step
@@ -32,17 +32,19 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
-from models.engine import acceptance
-from models.engine.acceptance import NodeLogits, SamplingConfig, accept_on_device, sample, typical_probs, warp_probs
+from models.engine.acceptance import SamplingConfig
 from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
-from models.engine.kv_cache import cache_kwargs, keep_accepted, new_cache
+from models.engine.kv_cache import cache_kwargs, new_cache
 from models.engine.projection import BaseLogits, base_logits
 from models.engine.static_step import attach_static
-from models.engine.taps import LayerTaps, step_taps
+from models.engine.step import TIMED_PARTS, drafter_taps, first_token, row_masks, step, zero_timings
+from models.engine.step import verify as step_verify
+from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
 from models.hardware import applied_host_settings
 
@@ -126,47 +128,19 @@ def resolve_stop_ids(model, tokenizer, stop_token_ids=None) -> set[int]:
 
 def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers | DeviceTree, cache, past: int,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h]. buf: the tree's
-    buffers, or a DeviceTree (its mask and depths already on the device).
-
-    The cache grows by N rows (prune them with kv_cache.keep_accepted).
-    """
-    position_ids = (buf.depth.to(tokens.device) + past).unsqueeze(0)           # [1, N]
-    mask = verify_masks(decoder.config, buf, past, dtype, tokens.device)
-    out = decoder(input_ids=tokens.unsqueeze(0), attention_mask=mask, position_ids=position_ids,
-                  use_cache=True, **cache_kwargs(decoder, cache))
-    return out.last_hidden_state[0]
+    """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h] (the decode step's
+    verify at B = 1, by hand). The cache grows by N rows (prune them with kv_cache.keep_accepted)."""
+    state = SimpleNamespace(decoder=decoder, cache=cache, dtype=dtype, device=tokens.device)
+    row = SimpleNamespace(past=past, root=int(tokens[0]))
+    return step_verify(state, [row], [SimpleNamespace(buf=buf, tokens=tokens)], past)[0]
 
 
 def verify_masks(config, buf: TreeBuffers | DeviceTree, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:
-    """The verify step's 4-D additive mask [1, 1, N, past + N]: every prefix column, the tree part from
-    the tree (ancestors + self). A model with a sliding window gets the window too, as its own mask would
-    have it (key visible iff query position - key position < window): one mask when every layer slides
-    (Mistral), else {"full_attention": ..., "sliding_attention": ...} per layer type (Qwen2, Gemma-2), the
-    mapping these models' forward accepts in place of a mask.
-    """
-    N = buf.num_tokens
-    full = torch.zeros(1, 1, N, past + N, dtype=dtype, device=device)          # prefix columns: all visible
-    full[..., past:] = buf.additive_mask(dtype, device)                        # tree part: ancestors + self
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if not window or (types is not None and "sliding_attention" not in types):
-        return full
-    depth = buf.depth.to(device)
-    key_pos = torch.cat([torch.arange(past, device=device), past + depth])    # [past + N]
-    too_far = (past + depth)[:, None] - key_pos[None, :] >= window             # [N, past + N]
-    sliding = full.masked_fill(too_far, torch.finfo(dtype).min)
-    return sliding if types is None else {"full_attention": full, "sliding_attention": sliding}
-
-
-def first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
-    """Token from base logits [V]: argmax when greedy, else a draw from the warped distribution
-    (from the typical set when speculative decoding uses typical acceptance, as Medusa does)."""
-    if sampling.greedy:
-        return int(logits.argmax())
-    if speculative and sampling.acceptance == "typical":
-        return sample(typical_probs(logits, sampling), generator)
-    return sample(warp_probs(logits, sampling), generator)
+    """The verify step's 4-D additive mask [1, 1, N, past + N] of one tree (step.row_masks at B = 1): every prefix
+    column, the tree part from the tree (ancestors + self). A model with a sliding window gets the window too, as
+    its own mask would have it (key visible iff query position - key position < window): one mask when every
+    layer slides (Mistral), else {"full_attention": ..., "sliding_attention": ...} per layer type."""
+    return row_masks(config, [buf], [past], past, dtype, device)[0]
 
 
 def checked_max_new_tokens(max_new_tokens) -> int:
@@ -189,13 +163,6 @@ def _as_ids(input_ids, device) -> torch.Tensor:
 
 
 # -- the decode step ---------------------------------------------------------------------------------
-TIMED_PARTS = ("draft", "verify", "lm_head", "accept", "commit")
-
-
-def zero_timings() -> dict:
-    return dict.fromkeys(TIMED_PARTS, 0.0)
-
-
 @dataclass
 class DecodeState:
     """One sequence being decoded: `past` positions in the base cache, then `root`, the last emitted
@@ -229,11 +196,6 @@ class DecodeState:
         return time.perf_counter()
 
 
-def drafter_taps(drafter) -> tuple[int, ...]:
-    """The base states a drafter reads in place of the final hidden states (EAGLE-3), or none."""
-    return tuple(getattr(drafter, "taps", ()) or ()) if drafter is not None else ()
-
-
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
             drafter: StepDrafter | None = None, static_drafts: bool = False) -> DecodeState:
     """The prompt ids [1, T] through the base model -> the state with the first new token as root. static_drafts:
@@ -250,58 +212,13 @@ def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch
 
 
 def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_depth: int = 0) -> tuple[list[int], int]:
-    """One step from state.root: draft (at most max_depth deep) -> verify -> accept -> commit.
+    """One step from state.root (models/engine/step.py, at B = 1: the state is its own row): draft (at most
+    max_depth deep) -> verify -> accept -> commit.
 
     Returns (tokens, drafted): the accepted drafts followed by the bonus token (the new state.root);
     the first `drafted` tokens are drafts. No drafter, or a draft of the root alone: a plain 1-token step.
     """
-    t1 = state.clock()
-    root, past, timings = state.root, state.past, state.timings
-    draft = drafter.draft(root, max_depth) if drafter is not None else None
-    tapped = step_taps(state.decoder, drafter_taps(drafter))   # hooks, or the static step's buffer, for a drafter's taps
-    t2 = state.clock()
-    tree = draft if draft is None or isinstance(draft, DeviceTree) else draft.buf
-    with tapped:                      # b) verify: one forward over the root and the tree (the root alone: plain)
-        if tree is None or tree.num_tokens == 1:
-            hidden = state.decoder(input_ids=torch.tensor([[root]], device=state.device),
-                                   position_ids=torch.tensor([[past]], device=state.device),
-                                   use_cache=True, **cache_kwargs(state.decoder, state.cache)).last_hidden_state[0]
-        else:
-            hidden = verify_tree(state.decoder, draft.tokens, tree, state.cache, past, state.dtype)      # [N, h]
-    t3 = state.clock()
-    path, drafts, bonus, lm_head = _accept(state, draft, hidden, speculative=drafter is not None)   # c) accept
-    t4 = state.clock()
-    keep_accepted(state.cache, past, path, hidden.shape[0])      # only the accepted path stays in the cache
-    timings["verify"] += t3 - t2 + lm_head                        # forward + LM head
-    timings["lm_head"] += lm_head
-    timings["accept"] += t4 - t3 - lm_head
-    # d) commit: the drafter's state follows the accepted path
-    if drafter is not None:
-        features = hidden if not tapped.taps else tapped.features()[0]                 # [N, w]
-        drafter.advance(features[path], [root, *drafts], past)
-    state.past, state.root = past + len(path), bonus
-    timings["draft"] += t2 - t1
-    timings["commit"] += state.clock() - t4
-    return drafts + [bonus], len(drafts)
-
-
-def _accept(state: DecodeState, draft, hidden: torch.Tensor, speculative: bool) -> tuple[list[int], list[int], int, float]:
-    """The verified step's acceptance -> (path, accepted drafts, bonus, seconds of LM head in it). The LM head runs
-    on every row of a plain step and a device tree, on the rows the host rule reads of a tree (NodeLogits)."""
-    start = state.clock()
-    if isinstance(draft, DeviceTree):
-        logits = state.base_logits(hidden)                                                       # [K, V]
-        lm_head = state.clock() - start
-        path, drafts, bonus = accept_on_device(draft, logits)
-        return path, drafts, bonus, lm_head
-    if draft is None or draft.buf.num_tokens == 1:
-        logits = state.base_logits(hidden)[0]                                                    # [V]
-        lm_head = state.clock() - start
-        return [0], [], first_token(logits, state.sampling, state.generator, speculative), lm_head
-    node_logits = NodeLogits(hidden, state.base_logits)
-    rule = acceptance.rule_for(state.sampling)
-    path, bonus = rule(draft.tokens, draft.buf, node_logits, state.sampling, state.generator, draft.draft_q)
-    return path, draft.tokens[path[1:]].tolist(), bonus, node_logits.seconds
+    return step(state, [state], [drafter], [max_depth])[0]
 
 
 @torch.inference_mode()

@@ -1,7 +1,7 @@
 """The base model's KV cache during decoding, pruned to the accepted path after every verify step.
 
     cache = new_cache()                                  # a transformers DynamicCache subclass
-    keep_accepted(cache, past, path, num_tree_tokens)    # after a verify step of num_tree_tokens tokens
+    keep_accepted(cache, base, pasts, paths)              # after a verify step: each row's accepted path stays
 
 After verifying a tree, the cache holds past + N entries: the committed prefix and every tree
 node. Only the accepted nodes (root first, ancestors before descendants, so their indices rise)
@@ -85,16 +85,9 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove and self.is_initialized:
             self._set_length(max(self.length + tokens_to_remove, 0))
 
-    def keep_rows(self, past: int, src: torch.Tensor) -> None:
-        """Move rows past + src (rising) to past..past+len(src)-1 and drop everything after."""
-        m = src.numel()
-        self._k[:, :, past:past + m] = self._k[:, :, past + src]      # the gather copies first: overlap is safe
-        self._v[:, :, past:past + m] = self._v[:, :, past + src]
-        self._set_length(past + m)
-
     def keep_rows_of_each(self, moves: list[tuple[int, int, torch.Tensor]], length: int) -> None:
         """For each (b, past, src): batch row b's rows src (rising) to past..past+len(src)-1; then every row cut to
-        `length` (keep_accepted_rows)."""
+        `length` (keep_accepted)."""
         for b, past, src in moves:
             self._k[b, :, past:past + src.numel()] = self._k[b, :, src]      # the gather copies first: overlap is safe
             self._v[b, :, past:past + src.numel()] = self._v[b, :, src]
@@ -124,36 +117,26 @@ def new_cache() -> DynamicCache:
     return GrowingCache()
 
 
-def keep_accepted(cache: DynamicCache, past: int, path: list[int], num_tree_tokens: int) -> None:
-    """Keep rows past + path (node indices, rising) of the last verify step; drop the other tree rows."""
-    m = len(path)
-    if path == list(range(m)):                            # a prefix of the tree: cropping is enough
-        if m < num_tree_tokens:
-            cache.crop(m - num_tree_tokens)
-        return
-    src = torch.tensor(path, device=cache.layers[0].keys.device)
-    for layer in cache.layers:
-        if isinstance(layer, GrowingLayer):
-            layer.keep_rows(past, src)
-            continue
-        for name in ("keys", "values"):                   # plain DynamicLayer: [B, kv_heads, past + N, head_dim]
-            t = getattr(layer, name)
-            t[:, :, past:past + m] = t[:, :, past + src]
-            setattr(layer, name, t[:, :, :past + m])
-
-
-def keep_accepted_rows(cache: DynamicCache, base: int, pasts: list[int], paths: list[list[int]]) -> None:
-    """A batched verify step (models/engine/batch.py) wrote every row's tree at columns base..: row b keeps its
-    columns base + paths[b] (rising) at pasts[b].., and the cache is cut to the longest row (a shorter row's
-    columns past its own length are garbage its mask hides)."""
+def keep_accepted(cache: DynamicCache, base: int, pasts: list[int], paths: list[list[int]]) -> None:
+    """After a verify step that wrote every row's tree at columns base.. (B = 1: base is the row's own past): row b
+    keeps its columns base + paths[b] (node indices, rising: root first, ancestors before descendants) at
+    pasts[b].., and the cache is cut to the longest row (a shorter row's columns past its own length are garbage
+    its mask hides)."""
     device = cache.layers[0].keys.device
     moves = [(b, p, torch.tensor(path, device=device) + base) for b, (p, path) in enumerate(zip(pasts, paths))
-             if not (p == base and path == list(range(len(path))))]         # already in place
+             if not (p == base and path == list(range(len(path))))]         # already in place: a cut is enough
     length = max(p + len(path) for p, path in zip(pasts, paths))
     for layer in cache.layers:
-        if not isinstance(layer, GrowingLayer):
+        if isinstance(layer, GrowingLayer):
+            layer.keep_rows_of_each(moves, length)
+        elif len(pasts) == 1:                             # transformers' own DynamicLayer, one sequence
+            for name in ("keys", "values"):               # [1, kv_heads, base + N, head_dim]
+                t = getattr(layer, name)
+                for _, p, src in moves:
+                    t[:, :, p:p + src.numel()] = t[:, :, src]
+                setattr(layer, name, t[:, :, :length])
+        else:
             raise TypeError(f"a batched step prunes GrowingLayer caches (kv_cache.new_cache), not {type(layer).__name__}")
-        layer.keep_rows_of_each(moves, length)
 
 
 class StaticLayer(GrowingLayer):

@@ -19,7 +19,7 @@ the cache grows, the tree changes size. So here
     and why).
 A model keeps its StaticDecoder from one generate() to the next (capacity rounded up to CAPACITY_STEP positions), so
 graphs are captured once per model, verify size and span, not at every call; one static decode at a time per model.
-The engine's step is unchanged: StaticDecoder is called as the decoder is (decode_step, verify_tree) and
+The engine's step is unchanged: StaticDecoder is called as the decoder is (step.py's verify, at B = 1) and
 StaticCache prunes and rewinds as the engine's cache does (kv_cache.keep_accepted, DecodeState.rewind).
 Where graphs are captured, the layers' element-wise parts (norms, SiLU-and-multiply) are compiled and swapped in
 for these forwards only (models/engine/fused.py).
@@ -60,7 +60,7 @@ class StaticDecoder:
                  buckets: tuple[int, ...] = BUCKETS, taps: tuple[int, ...] = (), fuse: str | None = None):
         self._decoder = weakref.ref(decoder)        # _KEPT's key: a strong reference would keep the model alive
         self.cache, self.positions, self.buckets = cache, positions, tuple(buckets)
-        self.config, self.layers = decoder.config, decoder.layers       # what verify_masks and LayerTaps read
+        self.config, self.layers = decoder.config, decoder.layers       # what step.row_masks and LayerTaps read
         device, dtype = positions.device, next(decoder.parameters()).dtype
         top = self.buckets[-1]
         self.ids = torch.zeros(1, top, dtype=torch.long, device=device)

@@ -66,7 +66,7 @@ def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), 
     """The batched verify step (models/engine/batch.py): B rows, each a chain of n tokens after its own
     prefix_len-token prompt, in one forward with the LM head on every row; median seconds [len(batch_sizes)][len(
     sizes)], sizes interleaved within each repeat. Eager (a batch takes no static step)."""
-    from models.engine.batch import attention_masks
+    from models.engine.step import attention_masks
     from models.engine.kv_cache import cache_kwargs, new_cache
     from models.engine.projection import base_logits
 
