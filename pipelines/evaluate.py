@@ -66,7 +66,7 @@ from pipelines.common import load_model, log, mlflow_run, run_record, stage, sto
 from pipelines.stage_clock import StageClock
 from pipelines.host import apply_host
 from pipelines.deps import code_digest
-from pipelines.methods import (Method, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
+from pipelines.methods import (Contender, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
                                tree_question_limits)
 
 
@@ -84,7 +84,7 @@ def sampling_for(cfg: DictConfig, temperature: float, seed: int) -> SamplingConf
                           delta=cfg.eval.typical.delta, seed=seed)
 
 
-def generate_turn(method: Method, tokenizer, input_ids: list[int], cfg: DictConfig, temperature: float,
+def generate_turn(method: Contender, tokenizer, input_ids: list[int], cfg: DictConfig, temperature: float,
                   seed: int, stop_ids: list[int], max_new: int | None = None):
     """One answer by one method -> an object with new_tokens, wall_time, prefill_time, steps, accept_lengths."""
     max_new = int(max_new or cfg.profile.eval.max_new_tokens)
@@ -119,7 +119,7 @@ def plain(node):
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
 
 
-def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], questions, device: str,
+def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Contender], questions, device: str,
                 subsets: dict[str, set[int]] | None = None) -> tuple[str, dict]:
     """(hash, settings): everything a stored result depends on. The stage's params (dvc.yaml), the questions,
     each method as it decodes (resolved tree, step costs, heads files), the model's files, the code, the
@@ -146,7 +146,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Method], question
 
 
 # -- 4) the benchmark loop -------------------------------------------------------------------------
-def run_question(cfg: DictConfig, order: list[Method], tokenizer, q, run: int, turns: int,
+def run_question(cfg: DictConfig, order: list[Contender], tokenizer, q, run: int, turns: int,
                  stop_ids: list[int]) -> QuestionResult:
     """Every turn of one question by every method in `order`, back to back."""
     temperature = category_temperature(q.category, cfg.eval.temperature_mode,
@@ -165,7 +165,7 @@ def run_question(cfg: DictConfig, order: list[Method], tokenizer, q, run: int, t
     return QuestionResult(records, prompts, history)
 
 
-def run_benchmark(cfg: DictConfig, methods: list[Method], tokenizer, questions, store: RecordStore,
+def run_benchmark(cfg: DictConfig, methods: list[Contender], tokenizer, questions, store: RecordStore,
                   subsets: dict[str, set[int]] | None = None,
                   clock: StageClock | None = None) -> tuple[dict, dict, dict]:
     """records[method][run] = [TurnRecord]; prompts[(run, qid, turn)] = input ids; answers[qid] = turn texts.
@@ -225,7 +225,7 @@ def _speed_postfix(records: dict, run: int) -> str:
 
 
 # -- 6) summaries and files ------------------------------------------------------------------------
-def write_results(cfg: DictConfig, sel: Selection, methods: list[Method], records: dict, answers: dict,
+def write_results(cfg: DictConfig, sel: Selection, methods: list[Contender], records: dict, answers: dict,
                   lossless: dict, model_name: str, device: str, clock: StageClock | None = None) -> dict:
     out = Path(cfg.paths.results) / "eval" / sel.tag
     ev = cfg.profile.eval

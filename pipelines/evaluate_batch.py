@@ -41,7 +41,7 @@ from pipelines.common import load_model, log, mlflow_run, run_record, stage, sto
 from pipelines.stage_clock import StageClock
 from pipelines.deps import code_digest
 from pipelines.host import apply_host
-from pipelines.methods import pld_settings
+from pipelines.methods import heads_spec
 
 
 def batch_sizes(cfg: DictConfig) -> list[int]:
@@ -114,9 +114,9 @@ def methods_for(cfg: DictConfig, model) -> tuple[object, bool, dict]:
         return tree_from_config({"kind": "paths", "paths": t["paths"], "topk": t.get("topk", 10), "name": f"batch_b{B}"})
 
     name = cfg.heads.name
-    return model, bool(adapted), {f"{name}-batch": lambda B: make_drafter({"kind": "heads", "tree": tree_for(B)}, heads=heads),
-                   f"{name}-batch_pld": lambda B: make_drafter({"kind": "heads_lookup", "tree": tree_for(B),
-                                                                "lookup": pld_settings(cfg)}, heads=heads)}
+    return model, bool(adapted), {
+        f"{name}-batch": lambda B: make_drafter(heads_spec(cfg, tree_for(B)), heads=heads),
+        f"{name}-batch_pld": lambda B: make_drafter(heads_spec(cfg, tree_for(B), lookup=True), heads=heads)}
 
 
 def decode_batches(model, prompts: list[list[int]], qids: list[int], B: int, new_drafter, max_new: int,

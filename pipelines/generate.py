@@ -34,7 +34,7 @@ from models.engine.fast_inference import prepare_heads_for_decoding
 from models.engine.path_choice import prepare_for_decoding
 from models.engine.drafting import make_drafter
 from models.methods import load_for_decoding
-from pipelines.methods import pld_settings, random_heads, resolve_tree
+from pipelines.methods import heads_spec, random_heads, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
 from pipelines.host import apply_host
 
@@ -167,9 +167,7 @@ def main(cfg: DictConfig) -> None:
     tree, new_drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
         tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
-        spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
-        spec = {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if with_lookup else spec
-        new_drafter = functools.partial(make_drafter, spec, heads=heads)      # a fresh one per answer
+        new_drafter = functools.partial(make_drafter, heads_spec(cfg, tree, step_cost, with_lookup), heads=heads)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),

@@ -30,10 +30,18 @@ from pipelines.common import conf_option, log
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
 
 
+# What a contender runs, by kind: our loops (baseline: no drafter; reference: the base of an adapted backbone, no
+# drafter; heads: draft heads on a tree; pld: our prompt lookup; drafter: any make_drafter spec) and transformers'
+# own (pld_hf: its prompt lookup; sps_hf: its assisted generation; hf_generate: its greedy generate).
+CONTENDER_KINDS = ("baseline", "reference", "heads", "pld", "drafter", "pld_hf", "sps_hf", "hf_generate")
+
+
 @dataclass
-class Method:
+class Contender:
+    """One entry of the evaluation, a decoding loop timed against the baseline on every question it runs (named
+    apart from models.shared.method.Method, a drafting method, which a heads contender carries)."""
     name: str
-    kind: str                      # baseline | heads | pld | pld_hf | sps_hf | hf_generate | reference | drafter
+    kind: str                      # CONTENDER_KINDS
     model: object
     heads: object = None
     tree: TreeSpec | GrownTree | None = None
@@ -45,6 +53,10 @@ class Method:
     lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
     spec: dict | None = None       # kind drafter: its drafter spec (make_drafter)
     assistant: object = None       # kind sps_hf: the draft model as a transformers model (assisted generation)
+
+    def __post_init__(self):
+        if self.kind not in CONTENDER_KINDS:
+            raise ValueError(f"contender {self.name!r}: kind {self.kind!r} is not one of {list(CONTENDER_KINDS)}")
 
     def describe(self) -> dict:
         return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
@@ -122,7 +134,15 @@ def pld_settings(cfg: DictConfig) -> dict:
             "tokens_per_ngram": None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram)}
 
 
-def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
+def heads_spec(cfg: DictConfig, tree, step_cost: list[float] | None = None, lookup: bool = False) -> dict:
+    """The drafter spec (make_drafter) of draft heads on `tree`: cut per step by `step_cost` where given, with prompt
+    lookup's chain merged in (eval.prompt_lookup.pld) where `lookup`; the one place the evaluation, the batch curve
+    and the generate command build it."""
+    spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
+    return {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if lookup else spec
+
+
+def drafter_for(method: "Contender", cfg: DictConfig) -> StepDrafter | None:
     """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
     if method.kind == "pld":
         return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
@@ -130,10 +150,7 @@ def drafter_for(method: "Method", cfg: DictConfig) -> StepDrafter | None:
         return make_drafter(method.spec)
     if method.kind != "heads":
         return None
-    if method.lookup:
-        return make_drafter({"kind": "heads_lookup", "tree": method.tree, "lookup": pld_settings(cfg),
-                             "step_cost": method.step_cost}, heads=method.heads)
-    return make_drafter({"kind": "heads", "tree": method.tree, "step_cost": method.step_cost}, heads=method.heads)
+    return make_drafter(heads_spec(cfg, method.tree, method.step_cost, method.lookup), heads=method.heads)
 
 
 def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
@@ -148,15 +165,15 @@ def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec
     return tree, step_cost_for(tree_cfg, tree, extra), lookup
 
 
-def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
-    methods = [Method("baseline", "baseline", model)]
+def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
+    methods = [Contender("baseline", "baseline", model)]
     for name in sel.heads:
         folder = Path(cfg.paths.results) / "heads" / name
         # a LoRA adapter is merged into a copy of the backbone, which gets its own AR reference
         base, heads, adapted = load_for_decoding(folder, model, keep_base=True)
         reference = f"baseline-{name}" if adapted else "baseline"
         if adapted:
-            methods.append(Method(reference, "reference", base, heads_name=name, family=heads.config.family,
+            methods.append(Contender(reference, "reference", base, heads_name=name, family=heads.config.family,
                                   reference=None))
         for tree_name in sel.trees:
             tree_option = tree_name or cfg.tree.name
@@ -164,25 +181,25 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Method]:
             tree.check_heads(heads.config.num_heads)
             if isinstance(tree, GrownTree):
                 tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
-            methods.append(Method(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
+            methods.append(Contender(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
         module = heads.draft_module
         if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
             # a draft model: transformers' assisted generation with it (its own layers, the base's LM head)
             twin = module.to_causal_lm(base)
-            methods.append(Method(f"{name}_hf", "sps_hf", base, heads_name=name, family=heads.config.family,
+            methods.append(Contender(f"{name}_hf", "sps_hf", base, heads_name=name, family=heads.config.family,
                                   reference=reference, assistant=twin))
     if sel.peers and cfg.eval.prompt_lookup.enabled:
-        methods += [Method("pld", "pld", model, reference="baseline"),
-                    Method("pld_hf", "pld_hf", model, reference="baseline")]
+        methods += [Contender("pld", "pld", model, reference="baseline"),
+                    Contender("pld_hf", "pld_hf", model, reference="baseline")]
     if sel.peers and cfg.eval.get("hf_generate", {}).get("enabled"):
         # transformers' own greedy generate, no drafting, on its own paths (a stock copy of the weights, not
         # prepared below): the other autoregressive loop, checked against ours
-        methods.append(Method("hf_generate", "hf_generate", stock_copy(model), reference="baseline"))
+        methods.append(Contender("hf_generate", "hf_generate", stock_copy(model), reference="baseline"))
     drafters = cfg.eval.get("drafters") if sel.peers else None
     for name, spec in (OmegaConf.to_container(drafters, resolve=True) if drafters else {}).items():
         make_drafter(spec)                # an unknown kind or a bad setting fails here, before any decoding
-        methods.append(Method(name, "drafter", model, reference="baseline", spec=spec))
+        methods.append(Contender(name, "drafter", model, reference="baseline", spec=spec))
     # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
     # too; after the LoRA merges, which change the weights
     for m in {id(m.model): m.model for m in methods if m.kind != "hf_generate"}.values():
@@ -212,7 +229,7 @@ def calibrated_choice(cfg: DictConfig, heads_name: str) -> str:
     return choice
 
 
-def unchosen_limits(cfg: DictConfig, m: Method) -> int | None:
+def unchosen_limits(cfg: DictConfig, m: Contender) -> int | None:
     """The questions a calibrated tree runs on when it is not the one calibrate chose for its heads
     (profile.eval.unchosen_questions; its families in profile.eval.both_choices keep both on every question);
     None: every question."""
@@ -223,7 +240,7 @@ def unchosen_limits(cfg: DictConfig, m: Method) -> int | None:
     return None if kinds[m.tree_name] == calibrated_choice(cfg, m.heads_name) else int(n)
 
 
-def question_subsets(cfg: DictConfig, methods: list[Method], questions) -> dict[str, set[int]]:
+def question_subsets(cfg: DictConfig, methods: list[Contender], questions) -> dict[str, set[int]]:
     """{method name: the question ids it runs on} for the methods whose tree is in profile.eval.tree_questions, the
     calibrated tree calibrate did not choose (profile.eval.unchosen_questions) and transformers' assisted generation
     with a draft model (profile.eval.assisted_questions)."""

@@ -4,7 +4,7 @@ lm_loss: auto), checked against the family; what came from where goes beside the
 and into the train stage's MLflow run.
 
     cfg = with_profile_heads(cfg)                      # the profile's heads_overrides merged into cfg.heads
-    recipe = checked_recipe(cfg)                       # a typed Recipe (models/shared/recipes.py)
+    recipe = trainable_recipe(cfg)                       # a typed Recipe (models/shared/recipes.py)
     record = recipe_record(cfg, recipe)                # {"recipe", "epochs", "profile_overrides", ...}
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def make_recipe(cfg: DictConfig) -> Recipe:
     return recipe_of(d, ignore=STAGE_KEYS)
 
 
-def checked_recipe(cfg: DictConfig) -> Recipe:
+def trainable_recipe(cfg: DictConfig) -> Recipe:
     """The heads' recipe, refused with the reason when the family cannot be trained with it."""
     h = cfg.heads
     if h.family == "none":

@@ -51,7 +51,7 @@ from models.shared.training import Recipe, on_gpu, resolve_precision
 from pipelines.deps import code_digest
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, write_json
 from pipelines.train_inputs import draft_vocabulary, hidden_caches, load_examples, make_loader, trainable_heads
-from pipelines.recipes import checked_recipe, effective_epochs, profile_overrides, recipe_record, with_profile_heads
+from pipelines.recipes import effective_epochs, profile_overrides, recipe_record, trainable_recipe, with_profile_heads
 
 RECIPE_FILE = "recipe.json"        # beside the trained heads: the recipe as resolved (pipelines/recipes.py)
 # profile.train keys that change how a run goes, not what it computes: a checkpoint survives them.
@@ -150,7 +150,7 @@ def run_train(cfg: DictConfig) -> dict:
     """Steps 1) to 5); returns the metrics also written to reports/metrics/train_<heads>.json."""
     cfg = with_profile_heads(cfg)
     t0, h = time.time(), cfg.heads
-    recipe = checked_recipe(cfg)
+    recipe = trainable_recipe(cfg)
     if cpu_threads(cfg):
         torch.set_num_threads(cpu_threads(cfg))
     pl.seed_everything(int(cfg.seed), workers=True)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from pipelines.calibrate import write_choice
 from pipelines.evaluate_batch import method_sizes
-from pipelines.methods import Method, calibrated_choice, question_subsets
+from pipelines.methods import Contender, calibrated_choice, question_subsets
 
 KINDS = {"optimal": "fixed", "optimal_pld": "fixed", "dynamic_optimal": "grown", "dynamic_optimal_pld": "grown"}
 
@@ -27,7 +27,7 @@ def questions(n=8):
 
 
 def method(heads, tree, kind="heads"):
-    return Method(f"{heads}-{tree}", kind, None, heads_name=heads, tree_name=tree)
+    return Contender(f"{heads}-{tree}", kind, None, heads_name=heads, tree_name=tree)
 
 
 def test_calibrate_writes_the_faster_predicted_kind(tmp_path):
@@ -41,7 +41,7 @@ def test_the_unchosen_kind_runs_on_fewer_questions_and_a_family_in_both_choices_
         write_choice(tmp_path / "calibrate" / heads, {"predicted_tokens_per_s": 1.0 if choice == "grown" else 2.0,
                                                       "dynamic_predicted_tokens_per_s": 1.5})
     cfg = config(tmp_path)
-    methods = [Method("baseline", "baseline", None)] + [method(h, t) for h in ("h", "keeps")
+    methods = [Contender("baseline", "baseline", None)] + [method(h, t) for h in ("h", "keeps")
                                                         for t in ("sparse64", *KINDS)]
     subsets = question_subsets(cfg, methods, questions())
     assert sorted(subsets) == ["h-optimal", "h-optimal_pld", "h-sparse64", "keeps-sparse64"]

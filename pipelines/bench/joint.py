@@ -29,7 +29,7 @@ from models.methods.medusa.joint_stage import JointCurve
 from models.shared.schedules import plan_stages
 from models.methods import recipe_kind
 from pipelines import train_inputs as T
-from pipelines.recipes import checked_recipe, with_profile_heads
+from pipelines.recipes import trainable_recipe, with_profile_heads
 from pipelines.common import load_model, log, stage, write_json
 
 DEFAULTS = {"limit": 192, "every": 20, "mode": "recipe", "batches": "conversations"}
@@ -70,7 +70,7 @@ def stage1_heads(cfg: DictConfig, model, data: dict):
 def main(cfg: DictConfig) -> None:
     s = settings_of(cfg)
     cfg = with_profile_heads(cfg)
-    recipe = checked_recipe(cfg)
+    recipe = trainable_recipe(cfg)
     joint = recipe_kind(recipe.kind).module
     if not joint.joint_backbone:
         raise ValueError(f"heads={cfg.heads.name}: this benchmark measures a joint stage (a recipe that trains the "
