@@ -659,9 +659,10 @@ def test_a_new_family_is_one_class_one_entry_and_one_config(stage_cfg, tmp_path,
 
 def test_unknown_family_and_recipe_name_the_known_ones(tiny_model):
     model, _ = tiny_model
-    with pytest.raises(ValueError, match=r"heads family 'medusa3' is not known; use one of \['dflash', 'draft_model', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa'"):
+    with pytest.raises(ValueError, match=r"heads family 'medusa3' is not known; use one of \['dflash', 'draft_model', 'dspark', 'dspark_gated', "
+                       r"'dspark_rnn', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa'"):
         build_heads(HeadsConfig.for_base(model, "medusa3", 2), model)
-    with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['dflash', 'draft_model', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa1', "
+    with pytest.raises(ValueError, match=r"recipe kind 'hydra3' is not known; use one of \['dflash', 'draft_model', 'dspark', 'eagle', 'eagle3', 'hydra', 'hydra_pp', 'medusa1', "
                        r"'medusa2'\]"):
         new_recipe(kind="hydra3")
 

@@ -122,8 +122,12 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             rows = sel[c:c + chunk]
             tt = t[rows]                                            # [n]
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
-            logits = (heads.draft_logits(d - 1, hidden[tt], path) if drafts is None   # [n, Vd]: the draft
-                      else heads.lm_head(0, module.readout(drafts[d - 1][0, tt])))      # vocabulary only
+            if drafts is None:
+                logits = heads.draft_logits(d - 1, hidden[tt], path)              # [n, Vd]: the draft vocabulary only
+            else:                         # block positions 1..d (or the last, as the heads need), x_{t+1..t+d} before
+                first = 0 if heads.reads_whole_path else d - 1
+                outs = torch.stack([module.readout(drafts[j][0, tt]) for j in range(first, d)], 1)
+                logits = heads.block_logits(outs, path[:, first:])[:, -1]
             top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))

@@ -5,7 +5,7 @@ looks methods up through this module. Nothing registers itself on import.
     hydra/         Hydra and Hydra++ (its prefix layer: HydraPPHeads)
     eagle/         EAGLE-1 and EAGLE-3 (their layers, families and formats)
     draft_model/   a small draft model (SpS)
-    dflash/        DFlash, a block drafted in one forward
+    dflash/        DFlash, a block drafted in one forward, and DSpark, its block with a Markov and a confidence head
 
 A method's package holds its family (what its module is: a HeadFamily and, when it owns more than heads, a DraftHeads
 subclass), its proposer, its training modules and recipe types, its formats and taps, and declares them in a Method
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from models.engine.fast_inference import prepare_heads_for_decoding
 from models.engine.path_choice import prepare_for_decoding
-from models.methods.dflash import DFLASH
+from models.methods.dflash import DFLASH, DSPARK, DSPARK_GATED, DSPARK_RNN
 from models.methods.draft_model import DRAFT_MODEL
 from models.methods.eagle import EAGLE, EAGLE3
 from models.methods.hydra import HYDRA, HYDRA_PP
@@ -37,7 +37,8 @@ from models.shared.method import Method, RecipeKind
 from models.shared.recipes import Recipe, checked_recipe
 
 # in the order tables and listings give them (formats: medusa, vllm, hydra, eagle, eagle3, speculators)
-METHODS: tuple[Method, ...] = (MEDUSA, HYDRA, HYDRA_PP, EAGLE, EAGLE3, DRAFT_MODEL, DFLASH)
+METHODS: tuple[Method, ...] = (MEDUSA, HYDRA, HYDRA_PP, EAGLE, EAGLE3, DRAFT_MODEL, DFLASH, DSPARK, DSPARK_GATED,
+                               DSPARK_RNN)
 
 
 def method(name: str) -> Method:
@@ -59,7 +60,8 @@ def recipe_kind(kind: str) -> RecipeKind:
 
 
 def recipe_kinds() -> tuple[str, ...]:
-    return tuple(r.kind for m in METHODS for r in m.recipes)
+    """Every recipe kind once (the DSpark methods share theirs)."""
+    return tuple(dict.fromkeys(r.kind for m in METHODS for r in m.recipes))
 
 
 def make_recipe(values: dict, ignore: tuple[str, ...] = ()) -> Recipe:

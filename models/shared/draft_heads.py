@@ -199,6 +199,13 @@ class DraftHeads(nn.Module):
         linear = self.output_layer(k)
         return linear(x.to(linear.weight.dtype))
 
+    reads_whole_path = False     # block_logits of a path's last position needs every position before it (DSpark's rnn)
+
+    def block_logits(self, out: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """A draft module's outputs at K positions of a path [..., K, h] -> their logits [..., K, Vd]; prev [..., K]:
+        the token before each position, which a method may read (DSpark's Markov bias); here the LM head alone."""
+        return self.lm_head(0, out)
+
     def draft_logits(self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [..., Vd] of head k over the draft vocabulary (to_token_ids maps positions to token ids)."""
         return self.lm_head(k, self.head_hidden(k, hidden, path_tokens))

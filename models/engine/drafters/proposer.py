@@ -55,6 +55,8 @@ class Proposer(Protocol):
     def rewind(self, position: int) -> None: ...
     def begin(self, root: int, depth: int) -> None: ...          # a new tree below root, at most depth deep
     def scores(self, frontier: Frontier) -> torch.Tensor: ...    # [R or 1, Vd] logits of the nodes' children
+    # optional: child_accept(frontier) -> [R], P(a node's top child is accepted), read in place of the top child's
+    # draft probability by the per-step cut (DSpark's confidence head)
     def end(self) -> None: ...                                   # the tree is drafted: drop what it added
 
 
@@ -122,16 +124,23 @@ def draft_tree(proposer: Proposer, root: int | torch.Tensor, buf: TreeBuffers, s
         tokens[0] = root
     probs = torch.ones(buf.num_tokens) if want_probs and not sampling.samples_drafts else None
     q_of = {}                                                              # parent node -> q [Vd]
+    accept = getattr(proposer, "child_accept", None) if probs is not None else None
     proposer.begin(root, len(buf.levels))
     try:
         for d, (level, here) in enumerate(zip(buf.levels, buf.levels_on(device))):
-            logits = proposer.scores(level_frontier(buf, d, tokens))             # [P or 1, Vd]
+            frontier = level_frontier(buf, d, tokens)
+            logits = proposer.scores(frontier)                                   # [P or 1, Vd]
             kids = select_children(logits, level.num_ranks, sampling, generator, want_logp=probs is not None)
             slot = here.parent_slot if logits.shape[0] > 1 else torch.zeros_like(here.parent_slot)
             tokens[here.nodes] = to_token_ids(proposer, kids.picks[slot, here.ranks])
             if probs is not None:
                 parent_p = probs[buf.parent[level.nodes]]
-                probs[level.nodes] = parent_p * kids.logp[slot, here.ranks].exp().float().cpu()
+                p = kids.logp[slot, here.ranks].exp().float().cpu()
+                if accept is not None:       # the proposer's own estimate that a node's top child is accepted
+                    top = accept(frontier).float().cpu()                         # [P]
+                    first = here.ranks.cpu() == 0
+                    p[first] = top[here.parent_slot.cpu()[first].clamp(max=top.numel() - 1)]
+                probs[level.nodes] = parent_p * p
             if kids.q is not None:
                 q_of.update({int(p): kids.q[min(s, kids.q.shape[0] - 1)] for s, p in enumerate(level.parents)})
     finally:

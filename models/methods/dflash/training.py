@@ -77,9 +77,11 @@ class DFlashFitModule(HeadsModule):
         weight = weight * torch.tensor(position_weights(bs, r.loss_decay_gamma), device=ids.device)
         index = heads.to_draft_index(target)
         weight = weight * (index >= 0)                                  # a token outside the draft vocabulary
-        logits = heads.lm_head(0, out)                                                      # [B, N, bs, Vd]
+        prev = torch.cat([block_ids[..., :1], target[..., :-1]], -1)   # the true token before each position (k >= 1)
+        logits, extra = self.block_logits(out, prev, index, weight)                         # [B, N, bs, Vd]
         ce = F.cross_entropy(logits.flatten(0, 2).float(), index.clamp(min=0).flatten(), reduction="none")
         loss = (ce * weight.flatten()).sum() / weight.sum().clamp(min=1e-6)
+        loss = loss if extra is None else loss + extra
         per_head = []
         for k in range(1, bs):                                           # "head" k - 1: the token k after the anchor
             sel = weight[..., k] > 0
@@ -88,7 +90,13 @@ class DFlashFitModule(HeadsModule):
                 continue
             loss_k = (ce.view(B, N, bs)[..., k][sel]).mean()
             per_head.append((loss_k.detach(), logits[..., k, :][sel].detach(), target[..., k][sel]))
-        return loss, per_head, {"blocks": keep.sum().float()}
+        return loss, per_head, {"blocks": keep.sum().float(), **({"extra_loss": extra.detach()} if extra is not None
+                                                                  else {})}
+
+    def block_logits(self, out, prev, index, weight) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The blocks' logits [B, N, bs, Vd] and a loss term of the method's own beside the cross-entropy (None):
+        DFlash's, the LM head alone (DSpark adds its heads: dspark_training.py)."""
+        return self.heads.lm_head(0, out), None
 
 
 def position_weights(block: int, gamma: float | None) -> list[float]:

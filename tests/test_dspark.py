@@ -1,0 +1,201 @@
+"""DSpark (models/methods/dflash/dspark_*.py) on tiny random models: each Markov head kind biases a block position by the token
+before it (the rnn by the whole path); a fresh head is DFlash; greedy decoding equals the baseline on a chain and a
+tree for every kind, with a trained-looking (non-zero) bias; the drafter's scores are its block's rows plus the bias
+of each node's own token; training lowers the loss and trains the confidence head toward the draft's probability of
+the target; calibration's ranks carry the bias, so they replay as the decoder accepts; a bad kind is refused."""
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from models.base import build_tiny_model
+from models.engine.decoding import generate
+from models.engine.drafting import heads_drafter
+from models.engine.drafters.proposer import proposer_for
+from models.engine.trees import chain_tree, tree_from_config
+from models.methods import build_heads, load_heads, new_recipe, recipe_kind
+from models.methods.dflash.dspark_markov import MarkovHead
+from models.shared import HeadsConfig
+from models.shared.fitting import fit_resumable
+from tests.test_decoding import cyclic_prompt
+from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+KINDS = {"dspark": "vanilla", "dspark_gated": "gated", "dspark_rnn": "rnn"}
+TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+
+
+def dspark_heads(model, family="dspark", block=6, seed=0, bias_scale=0.0):
+    torch.manual_seed(seed)
+    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=2, share_lm_head=True)
+    heads = build_heads(config, model).eval()
+    if bias_scale:                                   # a bias that moves the drafts (a fresh W2 is zero)
+        with torch.no_grad():
+            heads.markov.w2.weight.normal_(0.0, bias_scale)
+    return heads
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS.values()))
+def test_each_markov_kind_biases_by_the_token_before_and_the_rnn_by_the_path(kind):
+    torch.manual_seed(0)
+    m = MarkovHead(target_vocab=50, draft_vocab=20, hidden=8, rank=6, kind=kind)
+    torch.nn.init.normal_(m.w2.weight)
+    prev, hidden = torch.randint(50, (3, 4)), torch.randn(3, 4, 8)
+    bias = m(prev, hidden)
+    assert bias.shape == (3, 4, 20)
+    torch.testing.assert_close(m.last(prev, hidden), bias[:, -1])
+    other = prev.clone()
+    other[:, 0] = (prev[:, 0] + 1) % 50                  # another token before position 0 only
+    moved = (m(other, hidden) - bias).abs().amax(-1)     # [3, 4]: which positions it moved
+    assert (moved[:, 0] > 0).all()
+    if kind == "rnn":
+        assert (moved[:, 1:] > 0).all()                 # the state carries it along the path
+    else:
+        assert (moved[:, 1:] == 0).all()
+    assert torch.equal(MarkovHead(50, 20, 8, 6, kind)(prev, hidden), torch.zeros(3, 4, 20))   # fresh: no bias
+
+
+def test_a_fresh_dspark_drafts_what_dflash_drafts():
+    from tests.test_dflash import dflash_heads
+
+    model, tok = build_tiny_model(seed=0)
+    ids = cyclic_prompt(model, tok, known=12)
+    ours = generate(model, tok, ids, heads_drafter(dspark_heads(model, block=8), TREE), max_new_tokens=24,
+                    stop_token_ids=[])
+    theirs = generate(model, tok, ids, heads_drafter(dflash_heads(model, block=8), TREE), max_new_tokens=24,
+                      stop_token_ids=[])
+    assert ours.new_tokens == theirs.new_tokens and ours.accept_lengths == theirs.accept_lengths
+
+
+@pytest.mark.parametrize("family", sorted(KINDS))
+@pytest.mark.parametrize("tree", [chain_tree(5), TREE], ids=["chain", "tree"])
+def test_greedy_dspark_equals_the_baseline(family, tree):
+    model, tok = build_tiny_model(seed=0)
+    ids = cyclic_prompt(model, tok, known=12)
+    heads = dspark_heads(model, family, bias_scale=0.5)
+    base = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
+    assert generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24,
+                    stop_token_ids=[]).new_tokens == base.new_tokens
+
+
+@pytest.mark.parametrize("family", sorted(KINDS))
+def test_a_nodes_children_are_its_blocks_row_plus_its_own_tokens_bias(family):
+    from models.engine.drafters.base import DraftContext
+    from models.engine.acceptance import SamplingConfig
+    from models.engine.drafters.proposer import Frontier
+    from models.engine.taps import final_and_taps
+
+    model, tok = build_tiny_model(seed=0)
+    heads = dspark_heads(model, family, bias_scale=0.5)
+    ids = torch.tensor(cyclic_prompt(model, tok, known=12))
+    proposer = proposer_for(heads)
+    feats = final_and_taps(model.get_decoder(), ids[None], heads.dflash.taps)[0, :, model.config.hidden_size:]
+    proposer.start(DraftContext(ids, feats, SamplingConfig()))
+    proposer.begin(int(ids[-1]), 3)
+    paths = torch.tensor([[int(ids[-1]), 7, 9], [int(ids[-1]), 8, 11]])                    # two nodes at depth 2
+    frontier = Frontier(2, torch.tensor([3, 4]), torch.tensor([1, 2]), paths, torch.ones(2, 5, dtype=torch.bool),
+                        torch.zeros(5, dtype=torch.long))
+    with torch.no_grad():
+        got = proposer.scores(frontier)
+        want = heads.block_logits(proposer.outs[:3][None].expand(2, -1, -1), paths)[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got[0], got[1])           # each node its own bias
+    proposer.end()
+
+
+def test_training_lowers_the_loss_and_trains_the_confidence_head(tmp_path):
+    model, tok = build_tiny_model(seed=0)
+    model.requires_grad_(False)
+    train, val = loaders(tok, model, cache_dir=None)
+    heads = dspark_heads(model, block=4).train().requires_grad_(True)
+    recipe = new_recipe(kind="dspark", lr=1e-2, warmup_ratio=0.0, num_anchors=16, loss_decay_gamma=7.0)
+    module = recipe_kind("dspark").module(heads, model, recipe)
+    batch = next(iter(val))
+    with torch.no_grad():
+        _, _, extra_before = module.compute(batch)
+    before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]
+    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
+                               trainer_kwargs=quiet_trainer_kwargs())
+    after = trainer.validate(module, val, verbose=False)[0]
+    assert after["val/loss"] < 0.8 * before["val/loss"]
+    assert after["val/top1_head0"] > before["val/top1_head0"]
+    assert heads.markov.w2.weight.abs().sum() > 0                    # the bias trained off zero
+    with torch.no_grad():
+        _, _, extra_after = module.compute(batch)
+    assert extra_after["extra_loss"] < extra_before["extra_loss"]   # the confidence head learned its labels
+    heads.eval()
+    ids = cyclic_prompt(model, tok, known=12)
+    base = generate(model, tok, ids, max_new_tokens=16, stop_token_ids=[])
+    assert generate(model, tok, ids, heads_drafter(heads, chain_tree(3)), max_new_tokens=16,
+                    stop_token_ids=[]).new_tokens == base.new_tokens
+
+
+@pytest.mark.parametrize("family", ["dspark", "dspark_rnn"])
+def test_calibrations_ranks_carry_the_bias_and_replay_as_the_decoder_accepts(family):
+    from models.engine.trees import TreeSpec
+    from models.measure.calibration import greedy_continuations, replay_steps, sequence_ranks
+
+    model, tok = build_tiny_model(seed=1)
+    heads = dspark_heads(model, family, block=5, bias_scale=2.0)
+    prompt = list(tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True,
+                                          return_dict=True)["input_ids"])
+    N = 30
+    seq = greedy_continuations(model, [prompt], N)[0]
+    ranks = sequence_ranks(model, heads, seq, len(prompt) - 1)
+    paths = [[0], [1], [0, 0], [0, 0, 0]]
+    res = generate(model, tok, prompt, heads_drafter(heads, TreeSpec("t", tuple(map(tuple, paths)), 10)),
+                   max_new_tokens=N, stop_token_ids=[])
+    assert res.new_tokens == seq[len(prompt):]
+    k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
+    assert res.accept_lengths[:k] == replay_steps(ranks, paths)[:k]
+
+
+def test_heads_save_and_load_with_their_markov_and_confidence_heads(tmp_path):
+    model, _ = build_tiny_model(seed=0)
+    heads = dspark_heads(model, "dspark_gated", bias_scale=0.5)
+    heads.save(tmp_path / "h")
+    _, loaded = load_heads(tmp_path / "h", model)
+    assert loaded.family.markov_kind == "gated"
+    for key, value in heads.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_an_unknown_markov_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="markov head kind 'lstm' is not known; use one of"):
+        MarkovHead(10, 10, 4, 2, "lstm")
+
+
+def test_the_train_stage_trains_heads_dspark(stage_cfg):                        # noqa: F811  (a fixture)
+    from pipelines.train import run_train
+
+    cfg = stage_cfg("dspark_rnn")
+    metrics = run_train(cfg)
+    assert metrics["family"] == "dspark_rnn" and set(metrics["val_top1"]) == {f"head{k}" for k in range(6)}
+    _, heads = load_heads(f"{cfg.paths.results}/heads/dspark_rnn", build_tiny_model()[0])
+    assert heads.markov.kind == "rnn" and heads.dflash.block_size == 7
+
+
+def test_the_per_step_cut_reads_the_confidence_head():
+    """A drafter cut per step by cost multiplies the confidence head's probabilities along the chain: a head sure of
+    rejection leaves plain steps, one sure of acceptance keeps the whole chain; both decode the baseline's tokens."""
+    from models.engine.drafters.tree import TreeDrafter
+
+    model, tok = build_tiny_model(seed=0)
+    ids = cyclic_prompt(model, tok, known=12)
+    base = generate(model, tok, ids, max_new_tokens=20, stop_token_ids=[])
+    heads = dspark_heads(model, bias_scale=0.5)
+    costs = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25]
+    for sure, longest in ((-20.0, 1), (20.0, 6)):
+        with torch.no_grad():
+            heads.confidence.proj.weight.zero_()
+            heads.confidence.proj.bias.fill_(sure)
+        drafter = TreeDrafter(heads, chain_tree(5), step_cost=costs)
+        res = generate(model, tok, ids, drafter, max_new_tokens=20, stop_token_ids=[])
+        assert res.new_tokens == base.new_tokens
+        drafted = []
+        real = drafter.draft
+        drafter.draft = lambda root, depth: drafted.append(real(root, depth)) or drafted[-1]
+        generate(model, tok, ids, drafter, max_new_tokens=20, stop_token_ids=[])
+        assert max(d.buf.num_tokens for d in drafted) == longest
