@@ -239,6 +239,25 @@ def _dflash_row(summary: dict) -> dict | None:
                 f"accepted {describe(acc)}; speed {describe(speed)} ({a} / {b})", verdict, reason)
 
 
+DSPARK_PUBLISHED = {   # the other method: (the published figures, their ratio)
+    "dflash": ("3.72 vs 3.11 accepted: 1.20x (DSpark paper, Qwen3-8B, MT-Bench, T = 1, chains of 7; Qwen3-4B: 3.64 vs "
+               "3.07)", 1.20),
+    "eagle3": ("3.72 vs 2.66 accepted: 1.40x (DSpark paper, Qwen3-8B, MT-Bench, T = 1, chains of 7; Qwen3-4B: 3.64 vs "
+               "2.39)", 1.40)}
+
+
+def _dspark_rows(summary: dict) -> list[dict]:
+    """DSpark against DFlash and against EAGLE-3 in accepted length, each on its calibrated tree, paired by question
+    (greedy here, the paper's T = 1), judged at the published size."""
+    rows = []
+    for other, (published, size) in DSPARK_PUBLISHED.items():
+        c = compare(summary, "dspark-optimal", f"{other}-optimal", "accept_length")
+        if c and c["interval"]:
+            rows.append(_row(f"DSpark accepts more than {'DFlash' if other == 'dflash' else 'EAGLE-3'}", published,
+                             describe(c) + f" (dspark-optimal / {other}-optimal)", _verdict(*c["interval"], size)))
+    return rows
+
+
 BATCH_CLAIMS = (   # (claim, published, heads, the batch size it names, holds when the speedup there is above 1)
     ("EAGLE-3 still pays at batch 64", "1.38x at batch 64 (EAGLE-3 paper: SGLang, H100, LLaMA-3.1-8B, a chain of 3)",
      "eagle3", 64, True),
@@ -277,7 +296,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
     `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
     EAGLE claims; EAGLE-2's is judged by eagle-dynamic_optimal against eagle-optimal (one run), DFlash's by
-    dflash-optimal against eagle3-optimal."""
+    dflash-optimal against eagle3-optimal, DSpark's by dspark-optimal against both."""
     train, why = train or {}, functools.partial(_accept_reason, summary)
     rows = [_medusa1_row(summary, latency), _medusa2_row(summary, train, (single_runs or {}).get("medusa2-optimal"))]
     c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")
@@ -298,6 +317,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     rows.append(_eagle2_row(summary, single_runs or {}))
     rows.append(_sps_row((single_runs or {}).get(SPS_RUN) or _plain(summary)))
     rows.append(_dflash_row(summary))
+    rows += _dspark_rows(summary)
     rows += _batch_rows(batch)                              # batch: analysis.batch_curve.batch_rows
     return [r for r in rows if r is not None]
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from models.measure.intervals import paired_comparison, verdict
 
 FAMILY_LABELS = {"medusa1": "Medusa-1", "medusa2": "Medusa-2", "hydra": "Hydra", "hydra_pp": "Hydra++", "eagle": "EAGLE",
-                 "eagle3": "EAGLE-3", "sps": "SpS (draft model)", "dflash": "DFlash"}
+                 "eagle3": "EAGLE-3", "sps": "SpS (draft model)", "dflash": "DFlash",
+                 "dspark": "DSpark"}
 PLD_LABELS = {"pld": "prompt lookup (ours)", "pld_hf": "prompt lookup (transformers)"}
 HF_GENERATE = "hf_generate"        # the method (and kind) of transformers' own greedy generate, no drafting
 HF_GENERATE_LABEL = "transformers' greedy generate (no drafting)"
