@@ -1,4 +1,4 @@
-"""The library's shape: models/ imports no pipeline, Hydra, DVC or MLflow code, and its modules form no import
+"""The library's shape: models/ imports no pipeline, analysis, Hydra, DVC or MLflow code, and its modules form no import
 cycle (every import counts, those inside functions too)."""
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_the_library_imports_no_pipeline_or_experiment_tool():
-    banned = ("pipelines", "hydra", "omegaconf", "mlflow", "dvc")
+    banned = ("pipelines", "analysis", "hydra", "omegaconf", "mlflow", "dvc")
     offenders = [f"{module_name(p)} imports {m}" for p in MODELS.rglob("*.py") for m in imports_of(p)
                  if m.split(".")[0] in banned]
     assert not offenders, offenders
@@ -186,10 +186,11 @@ def test_the_name_check_sees_a_name_and_skips_docstrings():
     assert named_strings(tree) & {"hydra_pp", "eagle3", "hydra"} == {"hydra"}
 
 
-def registry_like(module) -> dict[str, int]:
-    """A module's own mutable containers at its top level (dicts, lists, sets), by name -> their size."""
-    return {name: len(v) for name, v in vars(module).items()
-            if isinstance(v, (dict, list, set)) and not name.startswith("__")}
+def registry_like(module) -> dict[str, object]:
+    """A module's own containers at its top level, by name: a mutable one's (dicts, lists, sets) size, a tuple's
+    identity and size (so that rebinding a frozen list, `methods.METHODS = (*METHODS, NEW)`, shows as a change)."""
+    return {name: len(v) if isinstance(v, (dict, list, set)) else (id(v), len(v)) for name, v in vars(module).items()
+            if isinstance(v, (dict, list, set, tuple)) and not name.startswith("__")}
 
 
 def test_no_registry_is_filled_at_import_time():
@@ -201,7 +202,7 @@ def test_no_registry_is_filled_at_import_time():
     import subprocess
     import sys
 
-    registering = [f"{module_name(p)}.{n.name}" for folder in (MODELS, REPO_ROOT / "pipelines")
+    registering = [f"{module_name(p)}.{n.name}" for folder in (MODELS, REPO_ROOT / "pipelines", REPO_ROOT / "analysis")
                    for p in folder.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
                    if isinstance(n, ast.FunctionDef) and n.name.startswith("register")]
     assert not registering, registering
@@ -226,7 +227,8 @@ print(json.dumps(changed))
 def dependency_order() -> list[str]:
     """Every module of models/ and pipelines/, each after the modules of ours it imports (package __init__s first:
     importing a.b runs a/__init__.py)."""
-    modules = {module_name(p): p for folder in (MODELS, REPO_ROOT / "pipelines") for p in folder.rglob("*.py")}
+    modules = {module_name(p): p for folder in (MODELS, REPO_ROOT / "pipelines", REPO_ROOT / "analysis")
+               for p in folder.rglob("*.py")}
     deps = {}
     for name, path in modules.items():
         parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
@@ -261,6 +263,43 @@ def test_the_registry_check_sees_a_registration(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("reg_a", None), sys.modules.pop("reg_b", None)
+
+
+def test_the_registry_check_sees_a_rebound_tuple(tmp_path):
+    """Rebinding another module's tuple (a method appended to METHODS from outside) is a registration too."""
+    import sys
+
+    (tmp_path / "reg_c.py").write_text("METHODS = ('a',)\n")
+    (tmp_path / "reg_d.py").write_text("import reg_c\nreg_c.METHODS = (*reg_c.METHODS, 'd')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import reg_c
+        before = registry_like(reg_c)
+        import reg_d  # noqa: F401
+        assert registry_like(reg_c) != before
+        before = registry_like(reg_c)
+        reg_c.METHODS = tuple(list(reg_c.METHODS))                     # a new tuple of the same size
+        assert registry_like(reg_c) != before
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("reg_c", "reg_d"):
+            sys.modules.pop(name, None)
+
+
+def test_every_method_package_is_listed_and_every_listed_method_has_a_config():
+    """Every package under models/methods/ declares a Method of METHODS, every Method's family comes from the
+    package it is listed for, and every Method has a conf/heads option naming its family: a method added without
+    its entry, or an entry without its package or config, fails here."""
+    import yaml
+
+    from models.methods import METHODS
+
+    packages = {p.name for p in (MODELS / "methods").iterdir() if (p / "__init__.py").is_file()}
+    listed = {type(m.family).__module__.split(".")[2] for m in METHODS}
+    assert packages == listed, (packages, listed)
+    assert len({m.name for m in METHODS}) == len(METHODS)
+    configs = {yaml.safe_load(p.read_text()).get("family") for p in (REPO_ROOT / "conf" / "heads").glob("*.yaml")}
+    assert {m.name for m in METHODS} <= configs, {m.name for m in METHODS} - configs
 
 
 def test_the_library_uses_no_relative_import():

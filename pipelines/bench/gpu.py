@@ -31,6 +31,7 @@ from __future__ import annotations
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
 import copy
 import datetime
+import json
 import re
 import subprocess
 import time
@@ -71,7 +72,8 @@ DEFAULTS = {"shapes": None, "device": "auto", "dtype": None, "sizes": [1, 2, 4, 
 
             "hf_static_in": ["static_drafts"], "settings": None, "out": None, "profile_drafting": False,
             "profile_repeats": 20, "profile_step": False,
-            "batch_sizes": None, "batch_tree_sizes": [1, 4, 16, 64]}   # None: 1..64 on CUDA, 1, 2, 4, 8 on a CPU
+            "batch_sizes": None, "batch_tree_sizes": [1, 4, 16, 64],   # None: 1..64 on CUDA, 1, 2, 4, 8 on a CPU
+            "dry_run": False}       # true: check the settings and print them, measure nothing (gpu_session.sh's dry run)
 FIGURES = {
     "plain_step_ms": "our generate() without a drafter: decode time / steps (ms)",
     "hf_generate_ms_per_token": "transformers' model.generate (greedy, min_new_tokens = max_new_tokens): wall ms / "
@@ -372,6 +374,10 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
 
 @stage
 def main(cfg: DictConfig) -> None:
+    s = settings_of(cfg)
+    if s["dry_run"]:                                 # every setting read and checked; nothing built or timed
+        print("bench_gpu dry run:", json.dumps({k: v for k, v in s.items() if k != "dry_run"}, sort_keys=True))
+        return
     path, record = run_bench(cfg)
     for name, shape in record["shapes"].items():
         for setting, row in shape["settings"].items():
