@@ -248,42 +248,50 @@ def dependency_order() -> list[str]:
     return order
 
 
-def test_the_registry_check_sees_a_registration(tmp_path):
-    """The check's comparison catches a module whose import fills another's container."""
+def owner_seen_changing(tmp_path, owner: str, other: str) -> tuple[object, bool]:
+    """Module reg_a (source `owner`) imported, then reg_b (source `other`): (reg_a, whether the check saw reg_a's
+    containers change). Both are dropped from sys.modules by the caller's cleanup (forget_modules)."""
+    import importlib
     import sys
 
-    (tmp_path / "reg_a.py").write_text("KINDS = {}\n")
-    (tmp_path / "reg_b.py").write_text("import reg_a\nreg_a.KINDS['b'] = 1\n")
+    (tmp_path / "reg_a.py").write_text(owner)
+    (tmp_path / "reg_b.py").write_text(other)
     sys.path.insert(0, str(tmp_path))
     try:
-        import reg_a
+        reg_a = importlib.import_module("reg_a")
         before = registry_like(reg_a)
-        import reg_b  # noqa: F401
-        assert registry_like(reg_a) != before
+        importlib.import_module("reg_b")
+        return reg_a, registry_like(reg_a) != before
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("reg_a", None), sys.modules.pop("reg_b", None)
+
+
+def forget_modules():
+    import sys
+
+    for name in ("reg_a", "reg_b"):
+        sys.modules.pop(name, None)
+
+
+def test_the_registry_check_sees_a_registration(tmp_path):
+    """The check's comparison catches a module whose import fills another's container."""
+    try:
+        assert owner_seen_changing(tmp_path, "KINDS = {}\n", "import reg_a\nreg_a.KINDS['b'] = 1\n")[1]
+    finally:
+        forget_modules()
 
 
 def test_the_registry_check_sees_a_rebound_tuple(tmp_path):
     """Rebinding another module's tuple (a method appended to METHODS from outside) is a registration too."""
-    import sys
-
-    (tmp_path / "reg_c.py").write_text("METHODS = ('a',)\n")
-    (tmp_path / "reg_d.py").write_text("import reg_c\nreg_c.METHODS = (*reg_c.METHODS, 'd')\n")
-    sys.path.insert(0, str(tmp_path))
     try:
-        import reg_c
-        before = registry_like(reg_c)
-        import reg_d  # noqa: F401
-        assert registry_like(reg_c) != before
-        before = registry_like(reg_c)
-        reg_c.METHODS = tuple(list(reg_c.METHODS))                     # a new tuple of the same size
-        assert registry_like(reg_c) != before
+        reg_a, changed = owner_seen_changing(tmp_path, "METHODS = ('a',)\n",
+                                             "import reg_a\nreg_a.METHODS = (*reg_a.METHODS, 'd')\n")
+        assert changed
+        before = registry_like(reg_a)
+        reg_a.METHODS = tuple(list(reg_a.METHODS))                     # a new tuple of the same size
+        assert registry_like(reg_a) != before
     finally:
-        sys.path.remove(str(tmp_path))
-        for name in ("reg_c", "reg_d"):
-            sys.modules.pop(name, None)
+        forget_modules()
 
 
 def test_every_method_package_is_listed_and_every_listed_method_has_a_config():

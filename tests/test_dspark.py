@@ -6,7 +6,6 @@ the target; calibration's ranks carry the bias, so they replay as the decoder ac
 from __future__ import annotations
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from models.base import build_tiny_model
@@ -14,12 +13,11 @@ from models.engine.decoding import generate
 from models.engine.drafting import heads_drafter
 from models.engine.drafters.proposer import proposer_for
 from models.engine.trees import chain_tree, tree_from_config
-from models.methods import build_heads, load_heads, new_recipe, recipe_kind
+from models.methods import build_heads, load_heads
 from models.methods.dflash.dspark_markov import MarkovHead
 from models.shared import HeadsConfig
-from models.shared.fitting import fit_resumable
 from tests.test_decoding import cyclic_prompt
-from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa: F401  (a fixture)
+from tests.test_training import stage_cfg  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -106,30 +104,20 @@ def test_a_nodes_children_are_its_blocks_row_plus_its_own_tokens_bias(family):
 
 
 def test_training_lowers_the_loss_and_trains_the_confidence_head(tmp_path):
+    from tests.test_dflash import block_module, drafts_losslessly, fit_lowers_the_loss
+
     model, tok = build_tiny_model(seed=0)
-    model.requires_grad_(False)
-    train, val = loaders(tok, model, cache_dir=None)
-    heads = dspark_heads(model, block=4).train().requires_grad_(True)
-    recipe = new_recipe(kind="dspark", lr=1e-2, warmup_ratio=0.0, num_anchors=16, loss_decay_gamma=7.0)
-    module = recipe_kind("dspark").module(heads, model, recipe)
+    heads = dspark_heads(model, block=4)
+    module, train, val = block_module(model, tok, heads, "dspark")
     batch = next(iter(val))
     with torch.no_grad():
         _, _, extra_before = module.compute(batch)
-    before = pl.Trainer(logger=False, **quiet_trainer_kwargs()).validate(module, val, verbose=False)[0]
-    trainer, _ = fit_resumable(module, train, val, tmp_path / "ckpt", "fp", max_epochs=4,
-                               trainer_kwargs=quiet_trainer_kwargs())
-    after = trainer.validate(module, val, verbose=False)[0]
-    assert after["val/loss"] < 0.8 * before["val/loss"]
-    assert after["val/top1_head0"] > before["val/top1_head0"]
+    fit_lowers_the_loss(module, train, val, tmp_path)
     assert heads.markov.w2.weight.abs().sum() > 0                    # the bias trained off zero
     with torch.no_grad():
         _, _, extra_after = module.compute(batch)
     assert extra_after["extra_loss"] < extra_before["extra_loss"]   # the confidence head learned its labels
-    heads.eval()
-    ids = cyclic_prompt(model, tok, known=12)
-    base = generate(model, tok, ids, max_new_tokens=16, stop_token_ids=[])
-    assert generate(model, tok, ids, heads_drafter(heads, chain_tree(3)), max_new_tokens=16,
-                    stop_token_ids=[]).new_tokens == base.new_tokens
+    drafts_losslessly(model, tok, heads)
 
 
 @pytest.mark.parametrize("family", ["dspark", "dspark_rnn"])
