@@ -12,9 +12,12 @@ export.format=speculators and the speculators library (.venv-speculators, confor
 it and runs its anchored-block forward. Passes when the authors' block outputs equal ours within 1e-5, the layer
 ids, block size and mask token are ours, every whole-block step of both drafters drafts the same block and produces
 the same tokens (near the length limit, the outputs: compare()), the fitted drafter is accepted at some step, and
-the library loads every key and gives our logits within 1e-5 with the same argmax; writes reports/dflash_check.json
-and the authors' steps for the seeded drafter to tests/golden/dflash_conformance.json (which tests/test_dflash.py
-replays without the package), and exits non-zero when a check fails.
+the library loads every key and gives our logits within 1e-5 with the same argmax; then a seeded DSpark drafter of
+each Markov kind (vanilla, gated, rnn), written with export.format=speculators, is loaded as the library's `dspark`
+type and run through its own forward, and must give our biased logits and confidence logits within 1e-5 with the
+same argmax. Writes reports/dflash_check.json, the authors' steps for the seeded drafter to
+tests/golden/dflash_conformance.json (which tests/test_dflash.py replays without the package) and the library's
+DSpark logits to tests/golden/speculators_dspark.json (tests/test_dspark.py), and exits non-zero when a check fails.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ RUNNER = REPO_ROOT / "conformance" / "official_dflash.py"
 SPECULATORS_RUNNER = REPO_ROOT / "conformance" / "speculators_dflash.py"
 REPORT = REPO_ROOT / "reports" / "dflash_check.json"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "dflash_conformance.json"
+DSPARK_GOLDEN = REPO_ROOT / "tests" / "golden" / "speculators_dspark.json"
+DSPARK_FAMILIES = ("dspark", "dspark_gated", "dspark_rnn")
 PROMPTS = 3                 # random prompts of 12 tokens
 NEW_TOKENS = 40
 TOLERANCE = 1e-5
@@ -140,31 +145,50 @@ def trained(model, heads, prompts: list[list[int]], steps: int):
     return fit_to_greedy(model, copy.deepcopy(heads), sequences, steps)
 
 
-def speculators_check(model, heads, work: Path, prompt: list[int]) -> dict:
-    """export.format=speculators loaded by the speculators library (conformance/speculators_dflash.py, in its own
-    environment): its loading report, and its logits at every block position of every anchor against ours."""
-    module, h = heads.dflash, model.config.hidden_size
-    export_heads(heads, model, work / "speculators", "speculators")
-    ids = torch.tensor(prompt)[None]
+def block_outputs(model, heads, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(features [1, T, w], logits [T - 1, bs - 1, Vd], confidence logits [T - 1, bs - 1] or None): row r is the
+    block rooted at x_{r+1} over the context 0..r, its slots 1.. scored as decoding scores them; DSpark's with the
+    Markov bias of the true token before each slot (slot 0's: the root), the rnn's state run from slot 0."""
+    module, h, T = heads.dflash, model.config.hidden_size, ids.shape[1]
     with torch.no_grad():
-        feats = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(len(prompt))[None])
-        feats = feats[..., h:]
-        ours = torch.stack([heads.lm_head(0, d[0]) for d in module.unroll(feats, ids, module.block_size - 1)], 1)
-    torch.save({"hidden_states": feats, "input_ids": ids}, work / "speculators_inputs.pt")
+        feats = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(T)[None])[..., h:]
+        if getattr(heads, "markov", None) is None:
+            drafts = module.unroll(feats, ids, module.block_size - 1)
+            return feats, torch.stack([heads.lm_head(0, d[0]) for d in drafts], 1), None
+        slots = torch.stack([d[0] for d in module.unroll(feats, ids, module.block_size - 1, with_anchor=True)], 1)
+        rows = torch.arange(1, T)[:, None] + torch.arange(module.block_size)        # the tokens from the root on
+        prev = torch.cat([ids[0, 1:, None], ids[0, rows.clamp(max=T - 1)][:, :-1]], 1)   # [root, root, x_{r+2}, ..]
+        return (feats, heads.block_logits(slots, prev)[:, 1:], heads.accept_logits(slots, prev)[:, 1:])
+
+
+def speculators_check(model, heads, work: Path, prompt: list[int], name: str = "speculators") -> tuple[dict, dict]:
+    """export.format=speculators loaded by the speculators library (conformance/speculators_dflash.py, in its own
+    environment) -> (verdict: its loading report, and its logits, and DSpark's confidence logits, at every block
+    slot 1.. of every anchor against ours; the library's result)."""
+    export_heads(heads, model, work / name, "speculators")
+    ids = torch.tensor(prompt)[None]
+    feats, ours, confidence = block_outputs(model, heads, ids)
+    torch.save({"hidden_states": feats, "input_ids": ids}, work / f"{name}_inputs.pt")
     subprocess.run([str(official_env(SPECULATORS_VENV, SPECULATORS_PACKAGES)), str(SPECULATORS_RUNNER), "--draft",
-                    str(work / "speculators"), "--inputs", str(work / "speculators_inputs.pt"), "--out",
-                    str(work / "speculators.json")], check=True)
-    result = json.loads((work / "speculators.json").read_text())
+                    str(work / name), "--inputs", str(work / f"{name}_inputs.pt"), "--out",
+                    str(work / f"{name}.json")], check=True)
+    result = json.loads((work / f"{name}.json").read_text())
     anchors = [a for a in result["anchors"] if a >= 1]             # ours: row a - 1 (anchor 0 has no context)
-    theirs = torch.tensor(result["logits"])[[result["anchors"].index(a) for a in anchors], 1:]
-    mine = ours[[a - 1 for a in anchors]]
+    at = [result["anchors"].index(a) for a in anchors]
+    theirs, mine = torch.tensor(result["logits"])[at, 1:], ours[[a - 1 for a in anchors]]
     report = result["loading_report"]
-    return {"versions": result["versions"], "model_class": result["model_class"],
-            "missing_keys": report["missing_keys"], "unexpected_keys": report["unexpected_keys"],
-            "mismatched_keys": report["mismatched_keys"], "file_keys_not_in_model": result["file_keys_not_in_model"],
-            "file_tensors_loaded_unchanged": result["file_tensors_loaded_unchanged"], "anchors": len(anchors),
-            "max_abs_logit_difference": float((theirs - mine).abs().max()),
-            "same_argmax": int((theirs.argmax(-1) == mine.argmax(-1)).sum()), "positions": mine.shape[0] * mine.shape[1]}
+    verdict = {"versions": result["versions"], "model_class": result["model_class"],
+               "missing_keys": report["missing_keys"], "unexpected_keys": report["unexpected_keys"],
+               "mismatched_keys": report["mismatched_keys"],
+               "file_keys_not_in_model": result["file_keys_not_in_model"],
+               "file_tensors_loaded_unchanged": result["file_tensors_loaded_unchanged"], "anchors": len(anchors),
+               "max_abs_logit_difference": float((theirs - mine).abs().max()),
+               "same_argmax": int((theirs.argmax(-1) == mine.argmax(-1)).sum()),
+               "positions": mine.shape[0] * mine.shape[1]}
+    if confidence is not None:
+        theirs_c = torch.tensor(result["confidence"])[at, 1:]
+        verdict["max_abs_confidence_difference"] = float((theirs_c - confidence[[a - 1 for a in anchors]]).abs().max())
+    return verdict, result
 
 
 def speculators_passed(v: dict) -> bool:
@@ -172,7 +196,26 @@ def speculators_passed(v: dict) -> bool:
     filled = {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
     return (not set(v["missing_keys"]) - filled and not v["unexpected_keys"] and not v["mismatched_keys"]
             and not v["file_keys_not_in_model"] and v["file_tensors_loaded_unchanged"]
-            and v["max_abs_logit_difference"] <= TOLERANCE and v["same_argmax"] == v["positions"])
+            and v["max_abs_logit_difference"] <= TOLERANCE and v["same_argmax"] == v["positions"]
+            and v.get("max_abs_confidence_difference", 0.0) <= TOLERANCE)
+
+
+def write_dspark_golden(library: dict, prompt: list[int], args, path: Path = DSPARK_GOLDEN, topk: int = 5) -> None:
+    """The library's DSpark logits (top-k at slots 1.. of every anchor) and confidence logits, each Markov kind, for
+    tests/test_dspark.py to replay against our seeded drafter without the library."""
+    kinds = {}
+    for family, result in library.items():
+        logits = torch.tensor(result["logits"])[:, 1:]
+        top = logits.topk(topk, dim=-1)
+        kinds[family] = {"anchors": result["anchors"], "topk_ids": top.indices.tolist(),
+                         "topk_values": top.values.tolist(),
+                         "confidence": torch.tensor(result["confidence"])[:, 1:].tolist()}
+    about = ("the speculators library's DSparkDraftModel (its training forward, the loss replaced by a recorder) on "
+             "seeded DSpark drafters exported with export.format=speculators, an 8-layer tiny Llama: top-k logits at "
+             "block slots 1.. and confidence logits of every anchor; written by `make dflash-check`")
+    golden = {"about": about, "versions": next(iter(library.values()))["versions"], "seed": args.seed,
+              "layers": args.layers, "block": args.block, "prompt": prompt, "kinds": kinds}
+    path.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
 
 
 def main(argv=None) -> dict:
@@ -195,8 +238,13 @@ def main(argv=None) -> dict:
     steps, official = authors_steps(model, heads, work, "draft", prompts)
     fitted = trained(model, heads, prompts, args.fit_steps)
     trained_steps, _ = authors_steps(model, fitted, work, "trained", prompts)
-    speculators = speculators_check(model, fitted, work, sum(prompts, []))       # 36 tokens: 20 whole blocks
+    speculators, _ = speculators_check(model, fitted, work, sum(prompts, []))    # 36 tokens: 20 whole blocks
+    dspark, library = {}, {}
+    for family in DSPARK_FAMILIES:                 # DSpark's export, each Markov kind, the library's `dspark` type
+        _, drawn = seeded(args.seed, args.layers, args.block, family=family)
+        dspark[family], library[family] = speculators_check(model, drawn, work, sum(prompts, []), family)
     verdict = {**theirs, "steps": steps, "trained_steps": trained_steps, "speculators": speculators,
+               "speculators_dspark": dspark,
                "ours": {"target_layer_ids": module.target_layer_ids, "block_size": module.block_size,
                         "mask_token_id": module.mask_token_id},
                "tolerance": TOLERANCE, "settings": vars(args), "packages": [a for s in PACKAGES for a in s]}
@@ -204,7 +252,7 @@ def main(argv=None) -> dict:
                          and theirs["block_size"] == module.block_size
                          and theirs["mask_token_id"] == module.mask_token_id and steps["identical"]
                          and trained_steps["identical"] and trained_steps["steps_accepting_drafts"] > 0
-                         and speculators_passed(speculators))
+                         and speculators_passed(speculators) and all(map(speculators_passed, dspark.values())))
     write_json(REPORT, verdict)
     if verdict["passed"]:
         write_json(GOLDEN, {"about": "the authors' dflash_generate (dflash 0.1.0, greedy) on a seeded DFlash drafter "
@@ -213,6 +261,7 @@ def main(argv=None) -> dict:
                             **{k: v for k, v in vars(args).items() if k != "fit_steps"}, "new_tokens": NEW_TOKENS,
                             "prompts": prompts,
                             "official": [{k: v for k, v in p.items() if k != "seconds"} for p in official]})
+        write_dspark_golden(library, sum(prompts, []), args)
     print(json.dumps(verdict, indent=2))
     return verdict
 

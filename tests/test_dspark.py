@@ -1,5 +1,5 @@
 """DSpark (models/methods/dflash/dspark_*.py) on tiny random models: each Markov head kind biases a block position by the token
-before it (the rnn by the whole path); a fresh head is DFlash; greedy decoding equals the baseline on a chain and a
+before it (the rnn by the whole path); initialised as the library's; with no bias it is DFlash; greedy decoding equals the baseline on a chain and a
 tree for every kind, with a trained-looking (non-zero) bias; the drafter's scores are its block's rows plus the bias
 of each node's own token; training lowers the loss and trains the confidence head toward the draft's probability of
 the target; calibration's ranks carry the bias, so they replay as the decoder accepts; a bad kind is refused."""
@@ -26,12 +26,12 @@ TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0],
 
 
 def dspark_heads(model, family="dspark", block=6, seed=0, bias_scale=0.0):
+    """Heads whose Markov W2 is drawn at `bias_scale` (a bias that moves the drafts), or zero (no bias at all)."""
     torch.manual_seed(seed)
     config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=2, share_lm_head=True)
     heads = build_heads(config, model).eval()
-    if bias_scale:                                   # a bias that moves the drafts (a fresh W2 is zero)
-        with torch.no_grad():
-            heads.markov.w2.weight.normal_(0.0, bias_scale)
+    with torch.no_grad():
+        heads.markov.w2.weight.normal_(0.0, bias_scale) if bias_scale else heads.markov.w2.weight.zero_()
     return heads
 
 
@@ -52,10 +52,15 @@ def test_each_markov_kind_biases_by_the_token_before_and_the_rnn_by_the_path(kin
         assert (moved[:, 1:] > 0).all()                 # the state carries it along the path
     else:
         assert (moved[:, 1:] == 0).all()
-    assert torch.equal(MarkovHead(50, 20, 8, 6, kind)(prev, hidden), torch.zeros(3, 4, 20))   # fresh: no bias
+    torch.manual_seed(1)
+    fresh = MarkovHead(50, 20, 8, 6, kind)                # the library's init: W1 ~ N(0, 0.01), W2 torch's default
+    with torch.no_grad():
+        assert 0.008 < float(fresh.w1.weight.std()) < 0.012 and float(fresh.w2.weight.abs().max()) <= 6 ** -0.5
+        size = float(fresh(prev, hidden).abs().max())
+    assert 0 < size < (1.0 if kind == "rnn" else 0.05)    # small, but a bias (the rnn's: W2 of a tanh of the hidden)
 
 
-def test_a_fresh_dspark_drafts_what_dflash_drafts():
+def test_dspark_without_its_bias_drafts_what_dflash_drafts():
     from tests.test_dflash import dflash_heads
 
     model, tok = build_tiny_model(seed=0)
@@ -97,7 +102,8 @@ def test_a_nodes_children_are_its_blocks_row_plus_its_own_tokens_bias(family):
                         torch.zeros(5, dtype=torch.long))
     with torch.no_grad():
         got = proposer.scores(frontier)
-        want = heads.block_logits(proposer.outs[:3][None].expand(2, -1, -1), paths)[:, -1]
+        prev = torch.cat([paths[:, :1], paths], 1)          # slot 0's token before it is the root itself
+        want = heads.block_logits(proposer.outs[:4][None].expand(2, -1, -1), prev)[:, -1]    # slots 0..3
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(got[0], got[1])           # each node its own bias
     proposer.end()
@@ -215,3 +221,63 @@ def test_the_results_judge_dsparks_claims_against_dflash_and_eagle3():
     rows = rows_with({"eagle3-optimal": 2, "dflash-optimal": 6, "dspark-optimal": 7})     # 7.14 / 6.25 accepted
     assert rows["DSpark accepts more than DFlash"]["verdict"] == "smaller here"
     assert not any("DSpark" in claim for claim in rows_with({"eagle3-optimal": 2, "dflash-optimal": 2}))
+
+
+@pytest.mark.parametrize("family", sorted(KINDS))
+def test_the_speculators_export_is_the_librarys_dspark_type(tmp_path, family):
+    """export.format=speculators writes DSpark heads as the library's `dspark` type: DFlash's tensors plus the Markov
+    head under the library's names (gate_proj for gated, joint_proj for rnn) and the confidence head, the head kind
+    and rank in the config, the confidence head fed the Markov embedding, and slot k scoring the token k after the
+    anchor (sample_from_anchor false, which the library's default would turn)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from models.methods import export_heads
+
+    model, _ = build_tiny_model(seed=0)
+    heads = dspark_heads(model, family, bias_scale=0.5)
+    export_heads(heads, model, tmp_path, "speculators")
+    state = load_file(str(tmp_path / "model.safetensors"))
+    config = json.loads((tmp_path / "config.json").read_text())
+    own = {"vanilla": set(), "gated": {"gate_proj"}, "rnn": {"joint_proj"}}[KINDS[family]]
+    assert {k.split(".")[1] for k in state if k.startswith("markov_head.")} == {"markov_w1", "markov_w2", *own}
+    assert torch.equal(state["markov_head.markov_w2.weight"], heads.markov.w2.weight)
+    assert torch.equal(state["confidence_head.proj.weight"], heads.confidence.proj.weight)
+    assert "fc.weight" in state and "layers.0.self_attn.q_proj.weight" in state
+    assert (config["speculators_model_type"], config["architectures"], config["markov_head_type"],
+            config["markov_rank"]) == ("dspark", ["DSparkSpeculator"], KINDS[family], 256)
+    assert config["enable_confidence_head"] and config["confidence_head_with_markov"]
+    assert config["sample_from_anchor"] is False and config["speculators_config"]["algorithm"] == "dspark"
+
+
+@pytest.fixture(scope="module")
+def library_golden():
+    import json
+
+    from pipelines.dflash_check import DSPARK_GOLDEN
+    return json.loads(DSPARK_GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("family", sorted(KINDS))
+def test_our_dspark_gives_the_logits_the_speculators_library_gave(library_golden, family):
+    """tests/golden/speculators_dspark.json (make dflash-check): the library's own DSpark forward on a seeded drafter
+    of each Markov kind exported with export.format=speculators; ours, on the same seeded drafter and tokens, gives
+    its top-k at every block slot 1.. of every anchor, the same ids, the values and the confidence logits within
+    1e-4."""
+    from models.methods.dflash.seeded import seeded
+    from pipelines.dflash_check import block_outputs
+
+    g = library_golden
+    model, heads = seeded(g["seed"], g["layers"], g["block"], family=family)
+    _, logits, confidence = block_outputs(model, heads, torch.tensor(g["prompt"])[None])
+    theirs = g["kinds"][family]
+    anchors = [a for a in theirs["anchors"] if a >= 1]
+    at = [theirs["anchors"].index(a) for a in anchors]
+    mine = logits[[a - 1 for a in anchors]]
+    want_ids, want_values = torch.tensor(theirs["topk_ids"])[at], torch.tensor(theirs["topk_values"])[at]
+    top = mine.topk(want_ids.shape[-1], dim=-1)
+    assert len(anchors) >= 10 and torch.equal(top.indices, want_ids)
+    torch.testing.assert_close(top.values, want_values, rtol=0, atol=1e-4)
+    torch.testing.assert_close(confidence[[a - 1 for a in anchors]], torch.tensor(theirs["confidence"])[at],
+                               rtol=0, atol=1e-4)

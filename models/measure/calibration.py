@@ -109,7 +109,9 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
     greedy = torch.full((T,), -1, dtype=torch.long, device=device)                            # [T]: g_{s+1}, s >= start
     greedy[start:] = model.get_output_embeddings()(hidden[0, start:]).argmax(-1)
     # EAGLE: depth d at t is the draft d steps along the true path ([1, T-1, h] per depth)
-    drafts = module.unroll(features, ids[None], D) if module is not None else None
+    whole = heads.reads_whole_path                       # DSpark's rnn: every slot from the root's (slot 0) on
+    drafts = None if module is None else \
+        module.unroll(features, ids[None], D, with_anchor=True) if whole else module.unroll(features, ids[None], D)
     hidden = heads.read_hidden(hidden, pos)[0]                                             # [T, h]
     follows = ids[1:] == greedy[:-1]                                                          # [T-1]: x_{s+1} == g_{s+1}
     t = torch.arange(start, T - 1, device=device)                                             # [N]
@@ -124,10 +126,12 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
             if drafts is None:
                 logits = heads.draft_logits(d - 1, hidden[tt], path)              # [n, Vd]: the draft vocabulary only
-            else:                         # block positions 1..d (or the last, as the heads need), x_{t+1..t+d} before
-                first = 0 if heads.reads_whole_path else d - 1
-                outs = torch.stack([module.readout(drafts[j][0, tt]) for j in range(first, d)], 1)
-                logits = heads.block_logits(outs, path[:, first:])[:, -1]
+            elif whole:                   # slots 0..d, the token before each: the root (x_{t+1}), then x_{t+1..t+d}
+                outs = torch.stack([module.readout(drafts[j][0, tt]) for j in range(d + 1)], 1)
+                logits = heads.block_logits(outs, torch.cat([path[:, :1], path], 1))[:, -1]
+            else:                         # block position d, x_{t+d} before it
+                outs = module.readout(drafts[d - 1][0, tt])[:, None]
+                logits = heads.block_logits(outs, path[:, -1:])[:, -1]
             top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))

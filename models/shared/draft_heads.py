@@ -199,7 +199,7 @@ class DraftHeads(nn.Module):
         linear = self.output_layer(k)
         return linear(x.to(linear.weight.dtype))
 
-    reads_whole_path = False     # block_logits of a path's last position needs every position before it (DSpark's rnn)
+    reads_whole_path = False     # block_logits of a path's last position needs every slot from the root's on (DSpark's rnn)
 
     def block_logits(self, out: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
         """A draft module's outputs at K positions of a path [..., K, h] -> their logits [..., K, Vd]; prev [..., K]:

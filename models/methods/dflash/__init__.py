@@ -10,14 +10,14 @@ dspark_rnn), one recipe kind.
 - proposer.py: how it drafts (one forward a step; each position's top-k for a tree, its argmax for a chain);
 - training.py: the block recipe (anchors, masked blocks, position-weighted cross-entropy);
 - dflash_format.py: the authors' files (DFlashDraftModel.from_pretrained);
-- speculators_format.py: the speculators library's `dflash` checkpoint (export.format=speculators);
+- speculators_format.py: the speculators library's `dflash` and `dspark` checkpoints (export.format=speculators);
 - dspark_markov.py: DSpark's MarkovHead (vanilla, gated, rnn) and ConfidenceHead;
 - dspark_family.py: its families and heads module (`heads.markov`, `heads.confidence` beside `heads.dflash`);
 - dspark_proposer.py: DFlash's block forward, each node's children scored with its own token's bias;
 - dspark_training.py: DFlash's block loss on the biased logits, plus the confidence head's term.
 
-Not yet in DSpark: export to the library's format and its `sample_from_anchor` convention (this block is DFlash's:
-position k scores the token k after the anchor).
+DSpark's block keeps DFlash's convention, the library's sample_from_anchor false: slot k scores the token k after the
+anchor (the library's default, true, has slot k score the token k + 1 after it, and drafts one token more a block).
 """
 from models.methods.dflash.dflash_format import DFLASH_FORMAT
 from models.methods.dflash.dspark_family import DSpark, DSparkGated, DSparkRnn
@@ -25,13 +25,14 @@ from models.methods.dflash.dspark_proposer import DSparkProposer
 from models.methods.dflash.dspark_training import DSparkFitModule
 from models.methods.dflash.family import DFlash
 from models.methods.dflash.proposer import DFlashProposer
-from models.methods.dflash.speculators_format import SPECULATORS_DFLASH_FORMAT
+from models.methods.dflash.speculators_format import SPECULATORS_DFLASH_FORMAT, SPECULATORS_DSPARK_FORMAT
 from models.methods.dflash.training import DFlashFitModule
 from models.shared.method import Method, RecipeKind
 
 DFLASH = Method(name="dflash", family=DFlash(), proposer=DFlashProposer,
                 recipes=(RecipeKind("dflash", DFlashFitModule),), formats=(DFLASH_FORMAT, SPECULATORS_DFLASH_FORMAT))
-_DSPARK_RECIPES = (RecipeKind("dspark", DSparkFitModule),)
-DSPARK = Method(name="dspark", family=DSpark(), proposer=DSparkProposer, recipes=_DSPARK_RECIPES)
-DSPARK_GATED = Method(name="dspark_gated", family=DSparkGated(), proposer=DSparkProposer, recipes=_DSPARK_RECIPES)
-DSPARK_RNN = Method(name="dspark_rnn", family=DSparkRnn(), proposer=DSparkProposer, recipes=_DSPARK_RECIPES)
+_DSPARK = dict(proposer=DSparkProposer, recipes=(RecipeKind("dspark", DSparkFitModule),),
+               formats=(SPECULATORS_DSPARK_FORMAT,))
+DSPARK = Method(name="dspark", family=DSpark(), **_DSPARK)
+DSPARK_GATED = Method(name="dspark_gated", family=DSparkGated(), **_DSPARK)
+DSPARK_RNN = Method(name="dspark_rnn", family=DSparkRnn(), **_DSPARK)

@@ -180,17 +180,20 @@ class DFlashModule(nn.Module):
             x = layer(x, ctx, cos.to(x.dtype), sin.to(x.dtype), cache, i, mask)
         return self.norm(x)
 
-    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, depths: int, chunk: int = 32) -> list[torch.Tensor]:
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, depths: int, chunk: int = 32,
+               with_anchor: bool = False) -> list[torch.Tensor]:
         """The drafts of every position of whole sequences, as decoding drafts them there (calibration's ranks; the
         autoregressive modules' unroll has the same layout). features [B, T, w] of positions 0..T-1, input_ids
         [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is block position k + 1 of the whole block rooted at
         x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk` at a time, each seeing its own
-        context only (block_mask)."""
+        context only (block_mask). with_anchor: slot 0's (the root's) output first, then the `depths` entries."""
         B, T, _ = features.shape
         bs = self.block_size
         if not 1 <= depths <= bs - 1:
             raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {bs - 1} deep, not {depths}")
-        out = [features.new_zeros(B, T - 1, self.norm.weight.shape[0], dtype=self.dtype) for _ in range(depths)]
+        first = 0 if with_anchor else 1                                                   # the first slot kept
+        out = [features.new_zeros(B, T - 1, self.norm.weight.shape[0], dtype=self.dtype)
+               for _ in range(depths + 1 - first)]
         steps = torch.arange(bs, device=features.device)
         for c in range(0, T - 1, chunk):
             rows = torch.arange(c, min(c + chunk, T - 1), device=features.device)        # [N]
@@ -202,8 +205,8 @@ class DFlashModule(nn.Module):
                              (anchors[..., None] + steps).view(B, -1)], dim=1)
             mask = block_mask(anchors, torch.ones_like(anchors, dtype=torch.bool), T, bs)
             drafted = self(features, block.view(B, -1), pos, mask=mask).view(B, N, bs, -1)
-            for k in range(depths):
-                out[k][:, rows] = drafted[:, :, k + 1]
+            for k in range(len(out)):
+                out[k][:, rows] = drafted[:, :, k + first]
         return out
 
     def readout(self, pred: torch.Tensor) -> torch.Tensor:

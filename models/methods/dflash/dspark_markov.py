@@ -9,8 +9,9 @@ and a confidence head that predicts whether the position will be accepted.
 Vanilla: bias = W2(W1[prev]), W1 an embedding of rank r over the target's vocabulary, W2 r -> Vd (no bias).
 Gated:   bias = W2(sigmoid(G([h; e])) * e), e = W1[prev].
 Rnn:     a state s over the block's positions, z = [s, e, h] -> (g, c, o) = chunks of R(z); s = sig(g) s +
-         (1 - sig(g)) tanh(c); bias = W2(tanh(o)); s starts at zero at the block's first position.
-W2 starts at zero, so a fresh head leaves DFlash's logits as they are.
+         (1 - sig(g)) tanh(c); bias = W2(tanh(o)); s starts at zero at the block's slot 0 (the anchor's: the
+         library's sample_from_anchor false), so drafted position k's state has run over slots 0..k.
+Initialised as the library's: W1 normal with std 0.01, every linear torch's default.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ class MarkovHead(nn.Module):
             raise ValueError(f"markov head kind {kind!r} is not known; use one of {list(KINDS)}")
         self.kind, self.rank = kind, int(rank)
         self.w1 = nn.Embedding(target_vocab, rank)
+        nn.init.normal_(self.w1.weight, std=0.01)
         self.w2 = nn.Linear(rank, draft_vocab, bias=False)
-        nn.init.zeros_(self.w2.weight)
         if kind == "gated":
             self.gate = nn.Linear(hidden + rank, rank)
         elif kind == "rnn":

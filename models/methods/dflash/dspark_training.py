@@ -4,8 +4,9 @@ the confidence head's term: binary cross-entropy of its logit against the draft'
 (with the distilled token as the target's distribution, one-hot, that is 1 - the total-variation distance the
 library trains against), over the same positions with the same position weights, divided by their count (as the
 library's), times confidence_alpha (its 1.0). The cross-entropy stands for the library's default KL term, which is
-the same for a one-hot target. Not the library's: the Markov head's W2 starts at zero (a fresh head drafts as DFlash),
-and the rnn's state starts at block position 1, where the library's (sample_from_anchor off) runs from the anchor's.
+the same for a one-hot target. As the library's with sample_from_anchor off: every slot of the block gets the bias
+of the token before it (slot 0, the anchor, its own token's: [b0, b0, b1, ...]), so the rnn's state runs from the
+anchor's slot; slot 0 itself is never trained (weight 0).
 
     module = DSparkFitModule(heads, base_model, DSparkRecipe(kind="dspark", num_anchors=32, confidence_alpha=1.0))
 """
@@ -34,10 +35,10 @@ class DSparkFitModule(DFlashFitModule):
     recipe_type = DSparkRecipe
 
     def block_logits(self, out, prev, index, weight):
-        """Position 0 (the anchor, weight 0) by the LM head alone; positions 1.. with the Markov bias of the token
-        before each; the confidence term over the positions with a weight."""
+        """Every slot with the Markov bias of the token before it (the anchor's slot, weight 0, too: the rnn's
+        state starts there); the confidence term over the positions with a weight."""
         heads = self.heads
-        logits = torch.cat([heads.lm_head(0, out[..., :1, :]), heads.block_logits(out[..., 1:, :], prev[..., 1:])], -2)
+        logits = heads.block_logits(out, prev)
         if not self.recipe.confidence_alpha:
             return logits, None
         w = weight[..., 1:]

@@ -30,7 +30,7 @@ class DFlashProposer:
         self.cache = self.module.new_cache()
         self.pending: list[tuple[torch.Tensor, int]] = []     # (features [m, w], first position) not yet cached
         self.history = AdvanceHistory()
-        self.rows = self.outs = None                          # [D, Vd] and [D, h] while a tree is drafted
+        self.rows = self.outs = None                          # [D, Vd] and [D + 1, h] while a tree is drafted
 
     @property
     def device(self) -> torch.device:
@@ -75,8 +75,8 @@ class DFlashProposer:
         out = self.module(feats[None].to(self.device), block, pos, cache=self.cache)[0]   # [Q, h]
         self.pending = []
         self.cache.crop(P)                                                                  # the block's rows off
-        self.outs = out[1:depth + 1]                              # [depth, h]: what a method may read beside the rows
-        self.rows = project(self.linear, self.outs.to(self.linear.weight.dtype))           # [depth, Vd]
+        self.outs = out[:depth + 1]           # [depth + 1, h]: slot 0 (the root's), then the drafted positions
+        self.rows = project(self.linear, self.outs[1:].to(self.linear.weight.dtype))       # [depth, Vd]
 
     @staticmethod
     @torch.no_grad()
@@ -125,7 +125,7 @@ class DFlashProposer:
         for b, p in enumerate(proposers):
             for i in range(len(module.layers)):                  # its new context rows into its own cache
                 p.cache.extend(i, cache.k[i][b:b + 1, :, S:S + new[b]], cache.v[i][b:b + 1, :, S:S + new[b]])
-            p.pending, p.rows, p.outs = [], rows[b * depth:(b + 1) * depth], out[b, 1:depth + 1]
+            p.pending, p.rows, p.outs = [], rows[b * depth:(b + 1) * depth], out[b, :depth + 1]
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
         return self.rows[frontier.depth:frontier.depth + 1]                                 # [1, Vd]

@@ -3,6 +3,7 @@ to a base's greedy continuations so that its drafts get accepted (the authors' d
 accepting path too, not only on rejections).
 
     model, heads = seeded(seed=0, layers=2, block=16)          # an 8-layer tiny Llama and a drafter on it
+    model, heads = seeded(0, 2, 8, family="dspark_rnn")        # DSpark: its Markov and confidence heads drawn too
     fit_to_greedy(model, heads, sequences, steps=60)           # every block position to the base's greedy token
 """
 from __future__ import annotations
@@ -12,20 +13,28 @@ import torch.nn.functional as F
 
 from models.base import build_tiny_model
 from models.engine.taps import final_and_taps
-from models.methods.dflash import DFLASH
+from models.methods.dflash import DFLASH, DSPARK, DSPARK_GATED, DSPARK_RNN
 from models.shared.draft_heads import HeadsConfig, build_heads
 
+METHODS = {m.name: m for m in (DFLASH, DSPARK, DSPARK_GATED, DSPARK_RNN)}
 
-def seeded(seed: int, layers: int, block: int):
-    """(base, heads): the tiny base and a DFlash drafter whose every parameter is drawn from torch.Generator(seed)."""
+
+def seeded(seed: int, layers: int, block: int, family: str = "dflash"):
+    """(base, heads): the tiny base and a DFlash (or DSpark) drafter whose every parameter is drawn from
+    torch.Generator(seed): norms about 1, matrices scaled by their fan-in; DSpark's Markov embedding at unit scale,
+    so that its bias moves the logits."""
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
-    heads = build_heads(config, DFLASH, model).eval()
+    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    heads = build_heads(config, METHODS[family], model).eval()
+    parts = {"dflash": heads.dflash}
+    if getattr(heads, "markov", None) is not None:
+        parts.update(markov=heads.markov, confidence=heads.confidence)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, p in sorted(heads.dflash.named_parameters()):
+        for name, p in sorted((f"{k}.{n}", p) for k, part in parts.items() for n, p in part.named_parameters()):
             draw = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * draw if p.dim() == 1 else draw / p.shape[-1] ** 0.5)
+            unit = name == "markov.w1.weight"
+            p.copy_(draw if unit else 1 + 0.1 * draw if p.dim() == 1 else draw / p.shape[-1] ** 0.5)
     return model, heads
 
 

@@ -13,6 +13,12 @@ sizes as transformer_layer_config (less the keys the library's own converter dro
 mask_token_id, aux_hidden_state_layer_ids = the taps (hidden-states indices: the authors' layer id + 1, as the
 library's converter maps them), the block's positions below the anchor drafted (sample_from_anchor false) and
 speculators_config (greedy, block size - 1 tokens, the verifier by name or path).
+
+DSpark heads go to the library's `dspark` type (DSparkSpeculatorConfig, DSparkDraftModel): the same, plus the Markov
+head (markov_head.markov_w1, markov_w2, and gate_proj or joint_proj for the gated and rnn kinds) and the confidence
+head (confidence_head.proj), with markov_rank, markov_head_type, the confidence head on and fed the Markov
+embedding, and sample_from_anchor false (the block's convention here, which the library keeps: slot k scores the
+token k after the anchor, slot 0's bias is the anchor's own token's).
 """
 from __future__ import annotations
 
@@ -29,8 +35,30 @@ WEIGHTS = "model.safetensors"
 NOT_THE_LAYERS = ("architectures", "block_size", "dflash_config", "num_target_layers")   # the converter's drops
 
 
+# DSpark's parts: our module names -> the library's (speculators/models/dspark/model_definitions.py)
+DSPARK_KEYS = {"markov.w1.": "markov_head.markov_w1.", "markov.w2.": "markov_head.markov_w2.",
+               "markov.gate.": "markov_head.gate_proj.", "markov.cell.": "markov_head.joint_proj.",
+               "confidence.proj.": "confidence_head.proj."}
+
+
+def is_dspark(heads) -> bool:
+    return getattr(heads, "markov", None) is not None
+
+
+def dspark_state(heads) -> dict[str, torch.Tensor]:
+    parts = {f"markov.{k}": v for k, v in heads.markov.state_dict().items()}
+    parts.update({f"confidence.{k}": v for k, v in heads.confidence.state_dict().items()})
+    out = {}
+    for key, value in parts.items():
+        ours = next(p for p in DSPARK_KEYS if key.startswith(p))
+        out[DSPARK_KEYS[ours] + key[len(ours):]] = value.detach()
+    return out
+
+
 def speculators_dflash_state(heads) -> dict[str, torch.Tensor]:
     state = {to_file_key(k): v.detach() for k, v in heads.dflash.state_dict().items()}
+    if is_dspark(heads):
+        state.update(dspark_state(heads))
     if heads.draft_ids is not None:
         dtype = state["fc.weight"].dtype
         state["lm_head.weight"] = heads.output_layer(0).weight.detach().to(dtype)
@@ -42,7 +70,12 @@ def speculators_dflash_config(heads, base_model, verifier: dict | None = None) -
     module = heads.dflash
     check_taps(tuple(module.taps), base_model.config.num_hidden_layers)
     layers = {k: v for k, v in dflash_config(module, base_model.config).items() if k not in NOT_THE_LAYERS}
-    return {"architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
+    kind = "dspark" if is_dspark(heads) else "dflash"
+    own = {} if kind == "dflash" else {
+        "markov_rank": heads.markov.rank, "markov_head_type": heads.markov.kind, "enable_confidence_head": True,
+        "confidence_head_with_markov": True}
+    return {"architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
+            "speculators_model_type": kind, **own,
             "speculators_version": SPECULATORS_VERSION,
             "transformer_layer_config": {**layers, "attn_implementation": "sdpa"},
             "draft_vocab_size": heads.config.out_size, "block_size": module.block_size,
@@ -50,7 +83,7 @@ def speculators_dflash_config(heads, base_model, verifier: dict | None = None) -
             "mask_token_id": module.mask_token_id, "sliding_window_non_causal": False,
             "sample_from_anchor": False,
             "speculators_config": {
-                "algorithm": "dflash",
+                "algorithm": kind,
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": module.block_size - 1,
                                       "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "default_proposal_method": "greedy",
@@ -69,3 +102,4 @@ def write_speculators_dflash(heads, base_model, folder: Path) -> tuple[list[str]
 
 
 SPECULATORS_DFLASH_FORMAT = Format("speculators", ("dflash",), write_speculators_dflash)
+SPECULATORS_DSPARK_FORMAT = Format("speculators", ("dspark", "dspark_gated", "dspark_rnn"), write_speculators_dflash)
