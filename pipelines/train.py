@@ -10,8 +10,9 @@ it against the rest of the config):
   2) draft vocabulary: the profile.train.draft_vocab_size most frequent answer tokens of the train
      split (models/shared/draft_vocab.py; null = the full vocabulary), its coverage of the val answer tokens
   3) frozen-backbone families: the base hidden states of all examples, computed once into
-     results/cache/hidden/<model>/<key>/ (key = model + data + lengths) and reused by every family
-     and epoch (profile.train.hidden_cache)
+     results/cache/hidden/<model>/<key>/ (key = model + data + lengths + the union of the taps of
+     pipeline_heads' families) and reused by every family, each loading its own taps, and every epoch
+     (profile.train.hidden_cache)
   4) fit the family's LightningModule (models/shared/training.py) for up to the effective epochs on batches
      of about profile.train.batch_positions target positions (models/shared/head_data.py: random positions
      for Medusa/Hydra on the cache, length-bucketed conversations otherwise), resuming from

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from datasets import load_from_disk
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from models.shared import HeadsConfig
 from models.methods import build_heads, method
@@ -17,7 +17,8 @@ from models.shared.draft_vocab import answer_token_counts, coverage, most_freque
 from models.shared.head_data import HeadsDataset, conversation_loader, window_loader
 from models.shared.hidden_cache import HiddenCache, cache_key
 from models.shared.training import IGNORE_INDEX
-from pipelines.common import log
+from pipelines.common import conf_option, log
+from pipelines.recipes import with_profile_heads
 
 
 def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
@@ -61,16 +62,38 @@ def draft_vocabulary(cfg: DictConfig, data: dict, vocab_size: int) -> tuple[torc
     return ids, coverage(ids, data["val"][1])
 
 
+def taps_union(base_config, heads: list[tuple[str, int]]) -> tuple[int, ...]:
+    """The sorted taps every one of these (family, num_layers) heads reads, each tap once."""
+    return tuple(sorted({i for family, n in heads for i in method(family).family.taps(base_config, int(n))}))
+
+
+def pipeline_taps(cfg: DictConfig, base_config) -> tuple[int, ...]:
+    """The taps of the one hidden cache all train stages share: the union over cfg.pipeline_heads (each heads
+    config as its own stage runs it, profile overrides merged) and cfg.heads (a stage outside that list)."""
+    heads = [(str(cfg.heads.family), int(cfg.heads.num_layers))]
+    for name in cfg.get("pipeline_heads") or []:
+        other = cfg.copy()
+        with open_dict(other):
+            other.heads = conf_option("heads", str(name))      # resolved against this config, as its stage's is
+        other = with_profile_heads(other)
+        heads.append((str(other.heads.family), int(other.heads.num_layers)))
+    return taps_union(base_config, heads)
+
+
 def hidden_caches(cfg: DictConfig, model, data: dict) -> tuple[dict, float]:
     """({split: HiddenCache or None}, seconds): the base hidden states of every example, built once and reused
-    (Medusa-2 uses them for its heads-only stage and as the adapters-off reference)."""
+    (Medusa-2 uses them for its heads-only stage and as the adapters-off reference). The first train stage builds
+    them with every tap of the pipeline (pipeline_taps, one key for all); each stage loads [final | its own taps]."""
     t, hidden, t0 = cfg.profile.train, {"train": None, "val": None}, time.time()
-    taps = method(cfg.heads.family).family.taps(model.config, int(cfg.heads.num_layers))   # EAGLE-3, DFlash: taps
+    own = method(cfg.heads.family).family.taps(model.config, int(cfg.heads.num_layers))    # EAGLE-3, DFlash: taps
     if t.get("hidden_cache", True):
+        stored = pipeline_taps(cfg, model.config)
+        log.info("hidden cache: taps %s stored (every train stage's), %s loaded for %s", list(stored), list(own),
+                 cfg.heads.name)
         for split, (ids, _) in data.items():
-            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=taps)
+            folder = Path(cfg.paths.results) / "cache" / "hidden" / cfg.model.name / cache_key(model, ids, taps=stored)
             hidden[split] = HiddenCache.build(model, ids, folder, batch_tokens=int(t.get("cache_batch_tokens", 4096)),
-                                              desc=f"hidden cache {split}", taps=taps)
+                                              desc=f"hidden cache {split}", taps=stored, load_taps=own)
     return hidden, time.time() - t0
 
 

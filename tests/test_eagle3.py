@@ -544,7 +544,7 @@ def test_calibration_ranks_eagle3_along_its_own_drafts_over_the_taps():
 def test_the_train_stage_trains_eagle3_from_its_config_over_final_and_taps(stage_cfg, tmp_path):  # noqa: F811
     from pipelines.common import load_model
     from pipelines.train import run_train
-    from pipelines.train_inputs import load_examples
+    from pipelines.train_inputs import load_examples, pipeline_taps
 
     cfg = stage_cfg("eagle3")
     assert cfg.heads.family == "eagle3" and cfg.heads.recipe.kind == "eagle3" and cfg.heads.share_lm_head is False
@@ -557,8 +557,10 @@ def test_the_train_stage_trains_eagle3_from_its_config_over_final_and_taps(stage
     _, heads = load_heads(tmp_path / "results" / "heads" / "eagle3", model)
     assert heads.family.name == "eagle3" and heads.draft_ids.numel() == 64
     assert isinstance(heads.eagle3, Eagle3Module) and len(heads.lm_heads) == 1 and heads.lm_heads[0].bias is None
-    # the hidden cache: [final | taps] rows (4h wide) under a key of their own, no final-only cache beside it
-    h, taps = model.config.hidden_size, eagle3_taps(model.config.num_hidden_layers)
+    # the hidden cache: [final | taps] rows for the union of every pipeline family's taps (EAGLE-3's 2, 1, 1 and
+    # DFlash's 2, 1 on this 2-layer base: 1, 2; 3h wide) under a key of their own, no final-only cache beside it
+    h, taps = model.config.hidden_size, pipeline_taps(cfg, model.config)
+    assert taps == (1, 2) and set(eagle3_taps(model.config.num_hidden_layers)) <= set(taps)
     root = tmp_path / "results" / "cache" / "hidden" / cfg.model.name
     data = load_examples(cfg)
     for split, (ids, _) in data.items():
@@ -567,7 +569,7 @@ def test_the_train_stage_trains_eagle3_from_its_config_over_final_and_taps(stage
         shards = sorted((root / key).glob("shard-*.safetensors"))
         assert shards, split
         shard = load_file(str(shards[0]))
-        assert shard["hidden"].shape[-1] == 4 * h
+        assert shard["hidden"].shape[-1] == 3 * h
         first = int(shard["index"][0])                  # the shard's first sequence: its rows come first
         want = final_and_taps(model.get_decoder(), torch.tensor([ids[first]]), taps)[0]
         torch.testing.assert_close(shard["hidden"][:len(ids[first])], want, rtol=1e-5, atol=1e-5)

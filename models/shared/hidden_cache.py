@@ -15,6 +15,10 @@ length order) are written as safetensors (a temporary file renamed into place), 
 build resumes at the first missing shard. The whole cache is then held in memory as one float32
 tensor: T x h x 4 bytes, 0.7 GB for 300k tokens of SmolLM2 (h = 576); at paper scale keep
 `profile.train.hidden_cache` off and let the modules run the frozen backbone instead.
+
+One cache serves families with different taps (EAGLE-3, DFlash): its shards hold [final | taps] for the union of
+their taps (pipelines/train_inputs.py), and `load_taps` loads only [final | load_taps], in that order, each block of h
+columns read straight from the shard file (safetensors slices), so the other taps never take memory.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from models.engine.taps import final_and_taps
@@ -76,6 +81,21 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches + [current] if current else batches
 
 
+def column_runs(taps: tuple[int, ...], load_taps: tuple[int, ...]) -> list[tuple[int, int]]:
+    """[(start, stop)] in blocks of h columns of a [final | taps] row that, laid side by side, give
+    [final | load_taps]: block 0, then each load tap's place (consecutive blocks merged into one run)."""
+    missing = [i for i in load_taps if i not in taps]
+    if missing:
+        raise ValueError(f"taps {missing} are not in this cache (its taps: {list(taps)})")
+    runs: list[list[int]] = []
+    for block in [0] + [1 + taps.index(i) for i in load_taps]:
+        if runs and runs[-1][1] == block:
+            runs[-1][1] += 1
+        else:
+            runs.append([block, block + 1])
+    return [(a, b) for a, b in runs]
+
+
 class HiddenCache:
     def __init__(self, flat: torch.Tensor, lengths: list[int]):
         self.flat = flat                                                       # [sum T_i, h]
@@ -99,9 +119,10 @@ class HiddenCache:
     @classmethod
     def build(cls, model, sequences: list[list[int]], folder: str | Path, batch_tokens: int = 4096,
               shard_size: int = 256, dtype: torch.dtype = torch.float32, desc: str = "hidden cache",
-              taps: tuple[int, ...] = ()) -> "HiddenCache":
+              taps: tuple[int, ...] = (), load_taps: tuple[int, ...] | None = None) -> "HiddenCache":
         """Compute the missing shards, then load all of them into one tensor (the sequences in their own order).
-        taps: each row also holds these base states after the final one (EAGLE-3: 4h floats a token)."""
+        taps: each stored row also holds these base states after the final one (EAGLE-3: 4h floats a token).
+        load_taps: the taps loaded after the final state, in this order, each one of taps (None: all of taps)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         device = next(model.parameters()).device
@@ -115,29 +136,41 @@ class HiddenCache:
         with tqdm(total=todo_tokens, desc=desc, unit="tok", mininterval=5.0, disable=not missing) as bar:
             for s in missing:
                 chunk = [sequences[i] for i in shards[s]]
-                out = []
-                for idx in length_batches([len(q) for q in chunk], batch_tokens):
+                shard_rows, at = None, 0    # the shard's rows, filled in place: no second copy for a torch.cat
+                for idx in length_batches([len(q) for q in chunk], batch_tokens):     # consecutive: rows in order
                     width = max(len(chunk[i]) for i in idx)
                     ids = torch.full((len(idx), width), pad, dtype=torch.long)        # [B, T] right-padded
                     for row, i in enumerate(idx):
                         ids[row, :len(chunk[i])] = torch.tensor(chunk[i])
                     hidden = final_hidden(model, ids.to(device), taps)                 # [B, T, h (+ taps)]
-                    out += [hidden[row, :len(chunk[i])].to("cpu", dtype) for row, i in enumerate(idx)]
+                    if shard_rows is None:
+                        shard_rows = torch.empty(sum(len(q) for q in chunk), hidden.shape[-1], dtype=dtype)
+                    for row, i in enumerate(idx):
+                        shard_rows[at:at + len(chunk[i])] = hidden[row, :len(chunk[i])]
+                        at += len(chunk[i])
                     bar.update(sum(len(chunk[i]) for i in idx))
                 tmp = path(s).with_suffix(f".{os.getpid()}.tmp")           # DDP ranks may race: own tmp each
-                save_file({"hidden": torch.cat(out), "index": torch.tensor(shards[s])}, str(tmp))
+                save_file({"hidden": shard_rows, "index": torch.tensor(shards[s])}, str(tmp))
                 tmp.replace(path(s))                                       # atomic: complete or absent
-        # 2) load them into one [sum T_i, h] tensor, each sequence at its place
+        # 2) load [final | load_taps] of them into one [sum T_i, h (+ load_taps)] tensor, each sequence at its place
+        runs = column_runs(tuple(taps), tuple(taps if load_taps is None else load_taps))
         lengths = [len(q) for q in sequences]
         offsets = torch.cumsum(torch.tensor([0] + lengths), 0).tolist()
         flat = None
         for s in range(len(shards)):
-            shard = load_file(str(path(s)))
-            if shard["index"].tolist() != shards[s]:
-                raise RuntimeError(f"hidden cache {path(s)} does not match the data; delete {folder} to rebuild")
+            with safe_open(str(path(s)), framework="pt") as f:
+                if f.get_tensor("index").tolist() != shards[s]:
+                    raise RuntimeError(f"hidden cache {path(s)} does not match the data; delete {folder} to rebuild")
+                stored = f.get_slice("hidden")
+                h, extra = divmod(stored.get_shape()[-1], 1 + len(taps))
+                if extra:
+                    raise RuntimeError(f"hidden cache {path(s)} is not [final | {len(taps)} taps] wide; "
+                                       f"delete {folder} to rebuild")
+                parts = [stored[:, a * h:b * h] for a, b in runs]                      # only the loaded columns
+                part = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
             if flat is None:
-                flat = torch.empty(offsets[-1], shard["hidden"].shape[-1], dtype=shard["hidden"].dtype)
-            for i, piece in zip(shards[s], torch.split(shard["hidden"], [lengths[i] for i in shards[s]])):
+                flat = torch.empty(offsets[-1], part.shape[-1], dtype=part.dtype)
+            for i, piece in zip(shards[s], torch.split(part, [lengths[i] for i in shards[s]])):
                 flat[offsets[i]:offsets[i + 1]] = piece
         if flat is None:
             raise ValueError(f"no sequences to cache in {folder}")
