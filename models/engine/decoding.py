@@ -42,7 +42,7 @@ from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
 from models.engine.kv_cache import cache_kwargs, new_cache
 from models.engine.projection import BaseLogits, base_logits
 from models.engine.static_step import attach_static
-from models.engine.step import TIMED_PARTS, drafter_taps, first_token, row_masks, step, zero_timings
+from models.engine.step import TIMED_PARTS, DeviceClock, drafter_taps, first_token, row_masks, step, zero_timings
 from models.engine.step import verify as step_verify
 from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
@@ -63,6 +63,8 @@ class GenerationResult:
     timings: dict = field(default_factory=dict)   # seconds summed over steps: draft, verify (forward + LM
                                                   # head), accept (the rule alone), commit (KV + drafter state)
     stop_reason: str = ""              # eos | max_new_tokens | context_limit
+    device_timings: dict = field(default_factory=dict)   # with a device_clock: seconds summed over steps on the
+                                                         # device, step.DEVICE_PARTS
 
     @property
     def mean_accepted_length(self) -> float:
@@ -181,6 +183,7 @@ class DecodeState:
     device: torch.device
     timings: dict = field(default_factory=zero_timings)
     sync: Callable[[], None] | None = None
+    device_clock: DeviceClock | None = None             # each part's device time too (step.py DeviceClock)
 
     def rewind(self, past: int, root: int) -> None:
         """Back to `past` cached positions with `root` next (drop the cache rows from `past` on); the
@@ -247,13 +250,14 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
              max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool | None = None,
-             static_drafts: bool | None = None) -> GenerationResult:
+             static_drafts: bool | None = None, device_clock: DeviceClock | None = None) -> GenerationResult:
     """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
     autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
     emitted (streaming). static: the static step (models/engine/static_step.py: fixed shapes, CUDA graphs on
     CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen). static_drafts:
     drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: with the static
-    step (False keeps them eager under it, to compare)."""
+    step (False keeps them eager under it, to compare). device_clock: each step's parts also timed by its events
+    (step.py DeviceClock), read once at the end into device_timings."""
     max_new_tokens = checked_max_new_tokens(max_new_tokens)
     sampling = sampling or SamplingConfig()
     device = next(model.parameters()).device
@@ -282,6 +286,7 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     if static_step:
         attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager
     prefill_time = time.perf_counter() - t0
+    state.device_clock = device_clock
     out.emit([state.root], [False])
 
     # 2) decoding steps, each drafting no deeper than the context and the token limit allow
@@ -295,5 +300,7 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
 
     wall = time.perf_counter() - t0
     text = tokenizer.decode(out.tokens, skip_special_tokens=True) if tokenizer is not None else ""
+    sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else None
     return GenerationResult(out.tokens, text, accept_lengths, len(accept_lengths), wall, out.from_draft,
-                            prefill_time=prefill_time, timings=state.timings, stop_reason=out.stop_reason)
+                            prefill_time=prefill_time, timings=state.timings, stop_reason=out.stop_reason,
+                            device_timings=device_clock.seconds(sync) if device_clock is not None else {})

@@ -35,10 +35,50 @@ from models.engine.projection import BaseLogits
 from models.engine.taps import step_taps
 
 TIMED_PARTS = ("draft", "verify", "lm_head", "accept", "commit")
+DEVICE_PARTS = ("draft", "forward", "accept", "commit")     # on the device: the verify's forward, then the LM head
+                                                            # with the rule (one span: no event inside the rule)
 
 
 def zero_timings() -> dict:
     return dict.fromkeys(TIMED_PARTS, 0.0)
+
+
+class HostEvent:
+    """An event of the host's clock with torch.cuda.Event's two methods: DeviceClock's stand-in where there is no
+    device clock (the CPU, where the host's time is the device's)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return 1e3 * (end.t - self.t)                                                      # ms, as CUDA's
+
+
+class DeviceClock:
+    """Events at each step's part boundaries, recorded without a synchronisation (replayed graphs keep running
+    ahead of the host, so host clocks read enqueue time) and read once after the run: each part's device time.
+
+        clock = DeviceClock()                          # torch.cuda.Event; DeviceClock(HostEvent) on the CPU
+        generate(..., device_clock=clock).device_timings       # seconds summed over steps, DEVICE_PARTS"""
+
+    def __init__(self, event: Callable[[], object] | None = None):
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.steps: list[list] = []
+
+    def mark(self, marks: list | None) -> None:
+        if marks is not None:
+            e = self.event()
+            e.record()
+            marks.append(e)
+
+    def seconds(self, synchronize: Callable[[], None] | None = None) -> dict:
+        if synchronize is not None:
+            synchronize()
+        total = dict.fromkeys(DEVICE_PARTS, 0.0)
+        for marks in self.steps:
+            for k, start, end in zip(DEVICE_PARTS, marks, marks[1:]):
+                total[k] += start.elapsed_time(end) / 1e3
+        return total
 
 
 @dataclass
@@ -52,6 +92,7 @@ class BatchState:
     device: torch.device
     timings: dict = field(default_factory=zero_timings)
     sync: Callable[[], None] | None = None
+    device_clock: DeviceClock | None = None
 
     def clock(self) -> float:
         if self.sync is not None:
@@ -201,16 +242,23 @@ def accept(state, rows, drafters: list, drafts: list, hidden: torch.Tensor) -> t
 def step(state, rows, drafters: list, max_depths: list[int]) -> list[tuple[list[int], int]]:
     """One step for every row (module docstring) -> per row (its accepted drafts then its bonus token, how many
     drafts); each row's past and root move on."""
+    device = state.device_clock                       # events beside the host's clock reads (DeviceClock)
+    marks = None if device is None else []
+    mark = (lambda: None) if device is None else (lambda: device.mark(marks))
     t1 = state.clock()
+    mark()
     drafts = draft_rows(rows, drafters, max_depths)
     tapped = step_taps(state.decoder, drafter_taps(drafters[0]))   # hooks, or the static step's buffer
     t2 = state.clock()
+    mark()
     L = state.cache.get_seq_length()
     with tapped:
         hidden = verify(state, rows, drafts, L)                                              # [B, N, h]
     t3 = state.clock()
+    mark()
     paths, emitted, lm_head = accept(state, rows, drafters, drafts, hidden)
     t4 = state.clock()
+    mark()
     keep_accepted(state.cache, L, [r.past for r in rows], paths)   # only the accepted paths stay in the cache
     features = hidden if not tapped.taps else tapped.features()                              # [B, N, w]
     for b, (r, drafter, path, (drafted, bonus)) in enumerate(zip(rows, drafters, paths, emitted)):
@@ -221,4 +269,7 @@ def step(state, rows, drafters: list, max_depths: list[int]) -> list[tuple[list[
     for k, v in (("draft", t2 - t1), ("verify", t3 - t2 + lm_head), ("lm_head", lm_head),
                  ("accept", t4 - t3 - lm_head), ("commit", state.clock() - t4)):
         timings[k] += v
+    if device is not None:
+        mark()
+        device.steps.append(marks)
     return [(drafted + [bonus], len(drafted)) for drafted, bonus in emitted]

@@ -45,6 +45,7 @@ from models.base import DTYPES, build_tiny_model
 from models.engine.decoding import generate
 from models.engine.drafting import make_drafter
 from models.engine.static_step import static_summaries
+from models.engine.step import DeviceClock, HostEvent
 from models.engine.trees import GrownTree, tree_from_config
 from models.hardware import apply_host_settings, is_cuda
 from models.shared import HeadsConfig
@@ -199,10 +200,12 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
             # warm up: deep enough for the whole tree, so a draft replayed as a graph is captured outside the clock
             generate(model, None, prompt[:32], drafter, max_new_tokens=16, stop_token_ids=[],
                      static_drafts=static_drafts)
+            clock = DeviceClock() if model.device.type == "cuda" else DeviceClock(HostEvent)
             res = generate(model, None, prompt, drafter, max_new_tokens=s["new_tokens"], stop_token_ids=[],
-                           static_drafts=static_drafts)
+                           static_drafts=static_drafts, device_clock=clock)
             steps = max(1, res.steps)
             row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
+                          **{f"device_{k}_ms": round(1e3 * v / steps, 3) for k, v in res.device_timings.items()},
                           "step_ms": round(1e3 * res.decode_time / steps, 3),
                           "tokens_per_step": round(res.mean_accepted_length, 3)}
             if hasattr(drafter, "graph_summary"):
@@ -220,11 +223,13 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
 
 def in_plain_steps(drafting: dict, plain_ms: float) -> None:
     """Each row's step and draft in plain steps (the targets' unit: a grown tree of 60 tokens at most 1.35 plain
-    steps for EAGLE, its draft at most 15% of one)."""
+    steps for EAGLE, its draft at most 15% of one: device_draft_plain_steps, read from the device's events)."""
     for row in drafting.values():
         for r in (v for v in row.values() if isinstance(v, dict)):
             r["step_plain_steps"] = round(r["step_ms"] / plain_ms, 3)
             r["draft_plain_steps"] = round(r["draft_ms"] / plain_ms, 3)
+            if "device_draft_ms" in r:                 # the target's reading: drafting in device time
+                r["device_draft_plain_steps"] = round(r["device_draft_ms"] / plain_ms, 3)
 
 
 def bench_prompt(model, s: dict) -> list[int]:
