@@ -203,8 +203,9 @@ def paths_phrase(paths: dict) -> str:
     """The CPU paths the decoders ran on (models/engine/path_choice.py), in words."""
     how = "measured fastest here" if paths.get("measured") else "the defaults (not measured)"
     body = "packed (oneDNN)" if paths.get("packed_body") else "stock (nn.Linear)"
+    body += " linears in lean Llama layers" if paths.get("lean_layers") else " linears"
     attention = "folded grouped-query attention" if paths.get("folded_attention") else "transformers' SDPA"
-    return (f"decoding paths, {how}: {body} linears, the LM head by {paths.get('lm_head_few')} for up to 8 rows "
+    return (f"decoding paths, {how}: {body}, the LM head by {paths.get('lm_head_few')} for up to 8 rows "
             f"and {paths.get('lm_head_many')} above, {attention}")
 
 

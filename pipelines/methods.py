@@ -17,8 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from models.engine.drafting import StepDrafter, make_drafter, tree_drafter
-from models.engine.fast_inference import prepare_heads_for_decoding, stock_copy
-from models.engine.path_choice import prepare_for_decoding
+from models.engine.fast_inference import prepare_heads_for_decoding
+from models.engine.path_choice import prepare_for_decoding, stock_copy
 from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.shared import HeadsConfig
 from models.methods import build_heads

@@ -84,6 +84,9 @@ def test_the_run_section_states_the_machine_in_plain_steps_and_its_weight_read_f
     assert machine_line({**latency, "paths": paths}).endswith(
         "; decoding paths, measured fastest here: stock (nn.Linear) linears, the LM head by linear for up to 8 rows "
         "and packed above, folded grouped-query attention.")
+    lean = {**paths, "packed_body": True, "lean_layers": True}
+    assert "measured fastest here: packed (oneDNN) linears in lean Llama layers, the LM head" in machine_line(
+        {**latency, "paths": lean})
     assert machine_line(None) == ""
 
 

@@ -62,6 +62,19 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.to(bias.dtype), packed, bias, "none", [], "").float()
 
 
+def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """module(x) without nn.Module's call machinery, for a caller with gradients off (lean_layers.py): its float32
+    packed copy where that is valid, else as the module's own forward would."""
+    entry = _PACKED.get(module)
+    if entry is None:
+        return F.linear(x, module.weight, module.bias)
+    key, packed, bias = entry
+    w = module.weight
+    if bias is None and x.dtype == torch.float32 and key == (w.data_ptr(), w._version):
+        return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    return _packed_forward(module, x)
+
+
 def own_linears(model: nn.Module) -> None:
     """Mark every linear of base `model` as the base's: prepare_heads_for_decoding leaves them as they are."""
     _BASE.update(m for m in model.modules() if type(m) is nn.Linear)
@@ -139,18 +152,6 @@ def use_folded_gqa(model) -> bool:
         return False
     model.set_attn_implementation(GQA_FOLDED)
     return True
-
-
-def stock_copy(model):
-    """A copy of `model` that decodes through transformers' own paths (nn.Linear, its attention), whether or not
-    `model` was prepared: what transformers' generate runs on when it is the reference loop."""
-    import copy
-
-    twin = copy.deepcopy(model)
-    unpack_linears(twin)
-    if getattr(twin.config, "_attn_implementation", None) == GQA_FOLDED:
-        twin.set_attn_implementation("sdpa")
-    return twin
 
 
 def prepare_heads_for_decoding(heads, bf16: bool | None = None) -> int:

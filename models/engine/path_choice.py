@@ -1,7 +1,7 @@
 """Which CPU paths a model decodes through, chosen by timing them on this machine, not by its flags.
 
-    choice = measure_paths(model)     # PathChoice: packed body linears?, folded GQA?, the LM head's path by rows
-    apply_paths(model, choice)
+    choice = measure_paths(model)     # PathChoice: packed body linears?, lean layers?, folded GQA?, the LM head's
+    apply_paths(model, choice)        # path by rows
 
 The same float32 products can run three ways on a CPU, and which is fastest depends on the machine. Measured in
 place (a decoder forward after a 181-token prefix, SmolLM2-135M, 2 threads, ms, median):
@@ -16,6 +16,7 @@ hang on a timing.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 import weakref
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from models.engine import fast_inference as fi
 from models.engine import projection
 from models.engine.kv_cache import cache_kwargs, new_cache
+from models.engine.lean_layers import lean_layers_apply, stock_layers, use_lean_layers
 
 MIN_MEASURED_BYTES = 32 << 20        # a model this small decodes in microseconds: its timings would be noise
 LM_FEW = ("linear", "columns", "packed")          # up to projection.SMALL_BATCH rows
@@ -39,6 +41,7 @@ class PathChoice:
     folded_attention: bool = True    # GQA without the cache copy (fi.sdpa_gqa_folded), where the model runs SDPA
     lm_head_few: str = "packed"      # LM_FEW
     lm_head_many: str = "packed"     # LM_MANY
+    lean_layers: bool = False        # Llama layers without transformers' module plumbing (lean_layers.py)
     measured: bool = False
     timings_ms: dict = field(default_factory=dict)    # option -> median ms, as measured
 
@@ -113,7 +116,8 @@ def _lm_head_options(lm_head: torch.nn.Linear) -> dict:
 @torch.inference_mode()
 def measure_paths(model, prefix: int = 128, rows: int = 16, repeats: int = 7) -> PathChoice:
     """Time each option in place, interleaved round by round (so drift hits all alike), and keep the fastest:
-    the body linears stock or packed at 1 and `rows` rows (the sum of the two medians), GQA folded or not on a
+    the body linears stock or packed, each with the stock or the lean layers where they apply, at 1 and `rows` rows
+    (the sum of the two medians), GQA folded or not on a
     masked `rows`-row step, the LM head's three paths on 1 and on 2 x `rows` rows, each right after a 1-row
     forward (the caches as a step leaves them). About 100 forwards: seconds on a 2-core CPU."""
     bench, decoder = _Bench(model, prefix), model.get_decoder()
@@ -123,12 +127,16 @@ def measure_paths(model, prefix: int = 128, rows: int = 16, repeats: int = 7) ->
     lm = _lm_head_options(lm_head)
     t: dict[str, list[float]] = {}
     x_many = torch.randn(2 * rows, lm_head.in_features)
+    leans = (False, True) if lean_layers_apply(model) else (False,)
     for rep in range(repeats + 1):                      # round 0 warms up
         samples = {}
-        for packed in (False, True):
+        for packed, lean in itertools.product((False, True), leans):
             (fi.pack_linears if packed else fi.unpack_linears)(decoder)
+            if not (lean and use_lean_layers(model)):
+                stock_layers(model)
             for n in (1, rows):
-                samples[f"body_{'packed' if packed else 'stock'}_{n}"] = bench.forward(n)[0]
+                samples[f"body_{'packed' if packed else 'stock'}{'_lean' if lean else ''}_{n}"] = bench.forward(n)[0]
+        stock_layers(model)
         for fold in fold_options:
             model.set_attn_implementation(fi.GQA_FOLDED if fold else "sdpa")
             samples[f"attention_{'folded' if fold else 'sdpa'}_{rows}"] = bench.forward(rows, mask=True)[0]
@@ -150,11 +158,13 @@ def measure_paths(model, prefix: int = 128, rows: int = 16, repeats: int = 7) ->
     if attn is not None:
         model.set_attn_implementation(attn)
     ms = {k: _median_ms(v) for k, v in t.items()}
-    body = {p: ms[f"body_{p}_1"] + ms[f"body_{p}_{rows}"] for p in ("stock", "packed")}
+    body = {(p, lean): ms[f"body_{p}{'_lean' if lean else ''}_1"] + ms[f"body_{p}{'_lean' if lean else ''}_{rows}"]
+            for p, lean in itertools.product(("stock", "packed"), leans)}
+    packed, lean = min(body, key=body.get)
     folded = len(fold_options) == 2 and ms[f"attention_folded_{rows}"] < ms[f"attention_sdpa_{rows}"]
     few = min((n for n in LM_FEW if f"lm_head_{n}_1" in ms), key=lambda n: ms[f"lm_head_{n}_1"])
     many = min((n for n in LM_MANY if f"lm_head_{n}_{2 * rows}" in ms), key=lambda n: ms[f"lm_head_{n}_{2 * rows}"])
-    return PathChoice(body["packed"] < body["stock"], folded, few, many, measured=True, timings_ms=ms)
+    return PathChoice(packed == "packed", folded, few, many, lean_layers=lean, measured=True, timings_ms=ms)
 
 
 def _has_grouped_heads(model) -> bool:
@@ -173,6 +183,9 @@ def apply_paths(model, choice: PathChoice) -> dict:
     if isinstance(lm_head, torch.nn.Linear):
         projection.set_paths(lm_head, choice.lm_head_few, choice.lm_head_many)
     fi.own_linears(model)
+    lean = choice.lean_layers and use_lean_layers(model)
+    if not lean:
+        stock_layers(model)
     attention = getattr(model.config, "_attn_implementation", None)
     if choice.folded_attention and fi.use_folded_gqa(model):
         attention = fi.GQA_FOLDED
@@ -180,13 +193,26 @@ def apply_paths(model, choice: PathChoice) -> dict:
         model.set_attn_implementation("sdpa")
         attention = "sdpa"
     _APPLIED[model] = choice
-    return {"packed_linears": n, "attention": attention, "paths": choice.as_dict()}
+    return {"packed_linears": n, "attention": attention, "lean_layers": lean, "paths": choice.as_dict()}
 
 
 def prepare_for_decoding(model, paths: PathChoice | None = None) -> dict:
     """The CPU speed-ups of models.engine.fast_inference where they apply (CPU float32 for the linears, SDPA models
     for the attention) and pay on this machine: paths None: measured here (measure_paths, seconds), or DEFAULT for
-    a model too small to time. Returns {"packed_linears", "attention", "paths"}."""
+    a model too small to time. Returns {"packed_linears", "attention", "lean_layers", "paths"}."""
     if paths is None:
         paths = measure_paths(model) if measurable(model) else DEFAULT
     return apply_paths(model, paths)
+
+
+def stock_copy(model):
+    """A copy of `model` that decodes through transformers' own paths (nn.Linear, its layers and attention), whether
+    or not `model` was prepared: what transformers' generate runs on when it is the reference loop."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    fi.unpack_linears(twin)
+    stock_layers(twin)
+    if getattr(twin.config, "_attn_implementation", None) == fi.GQA_FOLDED:
+        twin.set_attn_implementation("sdpa")
+    return twin
