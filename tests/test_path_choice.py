@@ -162,6 +162,13 @@ def test_lean_layers_give_the_stock_layers_hidden_states_bit_for_bit(packed):
         assert len(calls) == len(decoder.layers)
     finally:
         type(decoder.layers[0]).forward = original
+    copy_ = __import__("copy").deepcopy(decoder.layers[0])        # a draft's copy of a lean layer, a norm dropped
+    copy_.input_layernorm = torch.nn.Identity()
+    x = torch.randn(1, 3, model.config.hidden_size)
+    rotary = decoder.rotary_emb(x, torch.arange(3)[None])
+    with torch.inference_mode():
+        torch.testing.assert_close(copy_(x, position_embeddings=rotary),
+                                   type(copy_).forward(copy_, x, position_embeddings=rotary))
     stock_layers(model)
     assert not has_lean_layers(model)
 

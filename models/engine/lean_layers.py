@@ -9,7 +9,7 @@ as LlamaDecoderLayer's (the norms as LlamaRMSNorm computes them, the rotary as a
 update and the model's attention function as LlamaAttention calls them, the linears as fast_inference leaves them),
 so its hidden states are the stock layer's bit for bit. It hands over to the stock forward wherever it would not be
 the same: gradients on, training mode, a cache other than the engine's GrowingCache (the static step's), any
-argument it does not know. The layer is still called as a module, so forward hooks (the taps) run as before.
+argument it does not know, a layer no longer plain Llama (a draft's copy of a base layer, its parts replaced). The layer is still called as a module, so forward hooks (the taps) run as before.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _norm(norm, x: torch.Tensor) -> torch.Tensor:
 def _lean_forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if (torch.is_grad_enabled() or self.training or not KNOWN.issuperset(kwargs)
-            or not (cache is None or isinstance(cache, GrowingCache)) or kwargs.get("position_embeddings") is None):
+            or not (cache is None or isinstance(cache, GrowingCache)) or kwargs.get("position_embeddings") is None
+            or not _plain_llama(self)):           # a copy since changed (EAGLE's draft layer drops its first norm)
         return type(self).forward(self, hidden_states, **kwargs)
     a, m = self.self_attn, self.mlp
     shape = (*hidden_states.shape[:-1], -1, a.head_dim)
