@@ -14,7 +14,9 @@ decoder that gets closer to that floor counts toward it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+RATES_FILE = Path(__file__).with_name("cost_rates.json")    # the rates (`python -m pipelines.cost --rates` writes it)
 BUDGET_WEIGHT_READS = 585_000     # the whole default run: two hours where one read of the weights takes 12.3 ms
 MT_BENCH_QUESTIONS = 80
 RAW_RECORDS = 17_672              # records in the cut-off ShareGPT file the assets stage fetches (prepare reads them)
@@ -186,9 +188,14 @@ def project(work: dict[str, tuple[str, float]], rates: dict[str, dict], plain_st
     return rows
 
 
-def _minutes(seconds: float) -> str:
-    m = int(round(seconds / 60))
-    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{seconds / 60:.1f} min"
+def minutes(seconds: float | None) -> str:
+    """Seconds in words: "2 min 05 s", "3 h 07 min" (the run section and make cost alike); "-" for none."""
+    if seconds is None:
+        return "-"
+    m, s = divmod(int(round(seconds)), 60)
+    if m >= 60:
+        return f"{m // 60} h {m % 60:02d} min"
+    return f"{m} min {s:02d} s"
 
 
 def total(rows: list[Row]) -> tuple[float, float, float]:
@@ -215,7 +222,7 @@ def projection_table(rows: list[Row], budget: float = BUDGET_WEIGHT_READS) -> st
     steps, seconds, reads = total(rows)
     lines.append(f"| all | | | {steps:,.0f} | {reads:,.0f} | {seconds / 60:,.1f} | |")
     missing = [r.stage for r in rows if r.seconds is None]
-    tail = f"Projected: {_minutes(seconds)} here, {verdict(reads, budget)}."
+    tail = f"Projected: {minutes(seconds)} here, {verdict(reads, budget)}."
     if missing:
         tail += f" Not counted (no rate): {', '.join(missing)}."
     return "\n".join(lines) + "\n\n" + tail + "\n"

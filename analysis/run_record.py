@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from analysis.comparisons import FAMILY_LABELS
+from analysis.cost_model import minutes
 
 
 def this_run(metrics: dict[str, dict], stages: Iterable[str], profile: str | None) -> tuple[dict, dict[str, str]]:
@@ -38,15 +39,6 @@ def weights_source(assets: dict | None, model: str | None) -> str:
         return ""
     return (f" (the {w.get('quantization')} {w.get('format', 'GGUF')} of {w.get('package')} {w.get('version')}, "
             f"dequantized to {w.get('dtype')})")
-
-
-def _minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    m, s = divmod(int(round(seconds)), 60)
-    if m >= 60:
-        return f"{m // 60} h {m % 60:02d} min"
-    return f"{m} min {s:02d} s"
 
 
 def _train_runs(metrics: dict[str, dict]) -> dict[str, dict]:
@@ -79,7 +71,7 @@ def training_table(metrics: dict[str, dict]) -> str:
         top1 = m.get("val_top1") or {}
         cells = [f"{top1[f'head{k}']:.3f}" if f"head{k}" in top1 else "-" for k in range(heads)]
         lines.append(f"| {FAMILY_LABELS.get(name, name)} | " + " | ".join(cells)
-                     + f" | {_epochs(m)} | {_speeds(m)} | {_minutes(m.get('wall_time_s'))} |")
+                     + f" | {_epochs(m)} | {_speeds(m)} | {minutes(m.get('wall_time_s'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -127,10 +119,10 @@ def stage_times_table(metrics: dict[str, dict], plain_step_s: float | None = Non
         return out + ((" - |" if p is None else f" {p:,.0f} |") if projected is not None else "")
     for name, t in rows:
         p = None if projected is None else projected.get(stage_label(name))
-        lines.append(f"| {stage_label(name)}{_invocations(metrics[name])} | {_minutes(t)} | {t:,.0f} |{cells(t, p)}")
+        lines.append(f"| {stage_label(name)}{_invocations(metrics[name])} | {minutes(t)} | {t:,.0f} |{cells(t, p)}")
     total = sum(t for _, t in rows)
     p_total = None if projected is None else sum(projected.get(stage_label(n)) or 0.0 for n, _ in rows)
-    lines.append(f"| all of the above | {_minutes(total)} | {total:,.0f} |{cells(total, p_total)}")
+    lines.append(f"| all of the above | {minutes(total)} | {total:,.0f} |{cells(total, p_total)}")
     return "\n".join(lines) + "\n"
 
 
@@ -156,13 +148,13 @@ def budget_line(metrics: dict[str, dict], plain_step_s: float | None, weight_rea
         reads = total / weight_read_s
         verdict = "within it" if reads <= BUDGET_WEIGHT_READS else f"{reads / BUDGET_WEIGHT_READS - 1:.0%} over it"
         return (f"The stages above took {reads:,.0f} weight reads of this machine ({total / plain_step_s:,.0f} plain "
-                f"steps, {_minutes(total)}); the budget, the whole default run within {BUDGET_WEIGHT_READS:,} weight "
-                f"reads, is {_minutes(BUDGET_WEIGHT_READS * weight_read_s)} here: {verdict}.")
+                f"steps, {minutes(total)}); the budget, the whole default run within {BUDGET_WEIGHT_READS:,} weight "
+                f"reads, is {minutes(BUDGET_WEIGHT_READS * weight_read_s)} here: {verdict}.")
     steps, budget = total / plain_step_s, BUDGET_S / BUDGET_PLAIN_STEP_S
     verdict = "within the target" if steps <= budget else f"{steps / budget - 1:.0%} over the target"
-    return (f"The stages above took {steps:,.0f} plain steps of this machine ({_minutes(total)}); the target, the "
+    return (f"The stages above took {steps:,.0f} plain steps of this machine ({minutes(total)}); the target, the "
             f"whole default run within {BUDGET_S // 3600} hours on a machine whose plain step is "
-            f"{1e3 * BUDGET_PLAIN_STEP_S:.0f} ms, is {budget:,.0f} plain steps ({_minutes(budget * plain_step_s)} "
+            f"{1e3 * BUDGET_PLAIN_STEP_S:.0f} ms, is {budget:,.0f} plain steps ({minutes(budget * plain_step_s)} "
             f"here): {verdict}.")
 
 
@@ -175,7 +167,7 @@ def projection_line(metrics: dict[str, dict], projected: dict[str, float] | None
     if not proj:
         return ""
     return (f"The cost model (`make cost`, the rates of `analysis/cost_rates.json` at this machine's plain step) "
-            f"projected {_minutes(proj)} for these stages; they took {_minutes(measured)}, {measured / proj:.2f}x "
+            f"projected {minutes(proj)} for these stages; they took {minutes(measured)}, {measured / proj:.2f}x "
             f"the projection.")
 
 

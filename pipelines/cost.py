@@ -23,12 +23,12 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from analysis.cost_model import BUDGET_WEIGHT_READS, Plan, project, projection_table, rates_from_run, stage_work
+from analysis.cost_model import (BUDGET_WEIGHT_READS, RATES_FILE, Plan, project, projection_table, rates_from_run,
+                                 stage_work)
 from analysis.run_record import stage_label, wall_time
 from pipelines.common import REPO_ROOT, write_json
 from pipelines.params import compose_config as compose
 
-RATES_FILE = REPO_ROOT / "analysis" / "cost_rates.json"    # as pipelines.tables reads it
 
 
 def family_settings(cfg) -> tuple[dict[str, int], dict[str, int], list[str]]:

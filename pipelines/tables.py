@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from analysis import plots
 from analysis.batch_curve import batch_markdown, batch_rows, load_batch_runs, plot_batch_curve
 from analysis.comparisons import standard_comparisons
-from analysis.cost_model import Plan, project, settings_from_metrics, stage_work
+from analysis.cost_model import RATES_FILE, Plan, project, settings_from_metrics, stage_work
 from analysis.merge import merged_summary
 from analysis.projection import projection_markdown
 from analysis.results import results_markdown
@@ -171,7 +171,6 @@ def make_reports(cfg: DictConfig) -> list[Path]:
     return paths
 
 
-RATES_FILE = REPO_ROOT / "analysis" / "cost_rates.json"     # the cost model's rates (`python -m pipelines.cost --rates`)
 
 
 def cost_projection(cfg: DictConfig, latency: dict | None, run: dict[str, dict]) -> dict[str, float] | None:

@@ -122,10 +122,11 @@ def tree_of(draft):
 
 
 # -- masks ----------------------------------------------------------------------------------------
-def attention_masks(config, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+def attention_masks(config, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor | None,
                     dtype: torch.dtype) -> torch.Tensor | dict:
     """visible [B, Q, K] bool -> the additive mask [B, 1, Q, K]; a model with a sliding window also hides keys a
-    window or more behind their query (q_pos [B, Q], k_pos [B, K]): one mask when every layer slides (Mistral),
+    window or more behind their query (q_pos [B, Q], k_pos [B, K]; None without a window): one mask when every layer
+    slides (Mistral),
     else {"full_attention", "sliding_attention"} per layer type (Qwen2, Gemma-2), the mapping their forward takes."""
     lowest = torch.finfo(dtype).min
     full = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, lowest)[:, None]
@@ -160,7 +161,7 @@ def row_masks(config, trees: list, pasts: list[int], L: int, dtype: torch.dtype,
             depth[b, :n] = t.depth.to(device)
         visible[b, range(n, N), range(L + n, L + N)] = True                  # padding queries: themselves only
         depth[b] += past
-    k_pos = torch.cat([cols.expand(B, -1), depth], 1)
+    k_pos = torch.cat([cols.expand(B, -1), depth], 1) if getattr(config, "sliding_window", None) else None
     return attention_masks(config, visible, depth, k_pos, dtype), depth
 
 

@@ -22,7 +22,7 @@ class DSparkProposer(DFlashProposer):
     def scores(self, frontier: Frontier) -> torch.Tensor:
         d, R = frontier.depth, frontier.nodes.numel()
         markov = self.heads.markov
-        outs = self.outs[:d + 2].to(markov.w2.weight.dtype)                                 # slots 0..d + 1
+        outs = self.outs[:d + 2]                                                            # slots 0..d + 1
         paths = frontier.paths.to(self.device)                                              # [R, d + 1]: root..node
         prev = torch.cat([paths[:, :1], paths], 1)                # the token before each slot (slot 0: the root)
         bias = markov.last(prev, outs[None].expand(R, -1, -1))                             # [R, Vd]
