@@ -368,3 +368,38 @@ def test_the_results_put_dflashs_position_accuracy_beside_eagle3s_depths():
     assert table[0] == "| k (token after the root) | DFlash (block position) | EAGLE-3 (depth) |"
     assert table[2:] == ["| 1 | 0.610 | 0.650 |", "| 2 | 0.420 | 0.400 |", "| 3 | 0.300 | - |"]
     assert position_accuracy_table({"eagle3": train["eagle3"]}) == ""
+
+
+def test_training_attention_by_blocks_equals_the_dense_block_mask():
+    """block_attention (training: each block's queries against the context before its anchor and its own block)
+    gives what SDPA gives under block_mask's dense mask, outputs and gradients, kept and padded blocks alike: the
+    same sums without the [Q, T + Q] scores (2.3x faster a training step at SmolLM2's shape, docs/cost.md)."""
+    from models.methods.dflash.dflash import BlockLayout, DFlashModule, block_mask
+    from models.methods.dflash.training import draw_anchors
+
+    torch.manual_seed(0)
+    model, _ = build_tiny_model("llama", num_layers=8, seed=0)
+    module = DFlashModule.from_base(model, 2, 6).train()
+    T, bs = 30, 6
+    valid = torch.ones(2, T, dtype=torch.bool)
+    valid[:, :3] = False
+    valid[:, T - bs + 1:] = False
+    valid[1, 8:] = False                                     # row 1: 5 anchors, so padded blocks (keep False)
+    anchors, keep = draw_anchors(valid, 12, generator=torch.Generator().manual_seed(1))
+    assert not keep.all() and keep.any()
+    N = anchors.shape[1]
+    features = torch.randn(2, T, len(module.taps) * model.config.hidden_size)
+    block = torch.full((2, N, bs), module.mask_token_id)
+    block[..., 0] = torch.randint(3, 200, (2, N))
+    pos = torch.cat([torch.arange(T).expand(2, T), (anchors[..., None] + torch.arange(bs)).view(2, -1)], 1)
+    runs = []
+    for mask in (block_mask(anchors, keep, T, bs), BlockLayout(anchors, keep, T, bs)):
+        module.zero_grad()
+        out = module(features, block.view(2, -1), pos, mask=mask)
+        out.square().sum().backward()
+        runs.append((out.detach(), [p.grad.clone() for p in module.parameters() if p.grad is not None]))
+    (dense, dense_grads), (blocks, block_grads) = runs
+    torch.testing.assert_close(blocks, dense, rtol=1e-4, atol=1e-5)
+    assert len(block_grads) == len(dense_grads) > 0
+    for a, b in zip(block_grads, dense_grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

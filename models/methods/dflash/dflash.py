@@ -23,6 +23,8 @@ cropped off after each draft. The mask token is the base vocabulary's last id un
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,6 +47,43 @@ def dflash_taps(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...
     for the tiny test bases whose L - 3 is below 1."""
     ids = build_target_layer_ids(num_target_layers, num_draft_layers)
     return tuple(min(max(i + 1, 1), num_target_layers) for i in ids)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Training's blocks as block_mask lays them out, for block_attention: anchors [B, N], keep [B, N], T context
+    positions, blocks of `block`."""
+    anchors: torch.Tensor
+    keep: torch.Tensor
+    T: int
+    block: int
+
+    def context_visible(self) -> torch.Tensor:
+        """[B, 1, N, block, T] bool: a block's queries see the context before its anchor (when kept)."""
+        ctx = torch.arange(self.T, device=self.anchors.device)
+        seen = (ctx < self.anchors[..., None]) & self.keep[..., None]                             # [B, N, T]
+        return seen[:, None, :, None, :].expand(-1, -1, -1, self.block, -1)
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """The attention block_mask describes, without its dense [Q, T + Q] scores: each block's queries against the
+    context (before its anchor) and against its own block, one softmax over both. q [B, H, N * block, d], k and v
+    [B, KV, T + N * block, d] (context, then the blocks) -> [B, H, N * block, d]. The same sums as SDPA under
+    block_mask (within float rounding), at a fraction of the products: a block sees T + block keys, not T + Q."""
+    B, H, Q, d = q.shape
+    KV, T, bs = k.shape[1], layout.T, layout.block
+    N, rep = Q // bs, H // KV
+    qg = q.reshape(B, KV, rep * Q, d) * d ** -0.5                # a KV head's query heads as rows: no copy of K
+    kc, vc = k[:, :, :T], v[:, :, :T]                                                        # [B, KV, T, d]
+    s_ctx = (qg @ kc.transpose(-1, -2)).view(B, KV, rep, N, bs, T)
+    s_ctx = s_ctx.masked_fill(~layout.context_visible()[:, :, None], float("-inf"))
+    qb = qg.view(B, KV, rep, N, bs, d)
+    kb = k[:, :, None, T:].reshape(B, KV, 1, N, bs, d)
+    vb = v[:, :, None, T:].reshape(B, KV, 1, N, bs, d)
+    s_own = qb @ kb.transpose(-1, -2)                                                        # [B, KV, rep, N, bs, bs]
+    p = torch.cat([s_ctx, s_own], -1).softmax(-1)
+    out = (p[..., :T].reshape(B, KV, rep * Q, T) @ vc).view(B, KV, rep, N, bs, d) + p[..., T:] @ vb
+    return out.reshape(B, H, Q, d)
 
 
 def block_mask(anchors: torch.Tensor, keep: torch.Tensor, T: int, block: int) -> torch.Tensor:
@@ -101,7 +140,7 @@ class DFlashLayer(nn.Module):
 
     def forward(self, x, ctx, cos, sin, cache: DFlashCache | None = None, index: int = 0, mask=None):
         """x [B, Q, h] the block, ctx [B, C, h] the new context rows, cos/sin [B, C + Q, d] at their positions;
-        mask: an additive [B, 1, Q, S] mask over every key (None: all visible)."""
+        mask: an additive or bool [B, 1, Q, S] mask over every key (None: all visible), or a BlockLayout."""
         B, Q, _ = x.shape
         xn = self.input_layernorm(x)
         both = torch.cat([ctx, xn], dim=1)                                                  # [B, C + Q, h]
@@ -113,7 +152,10 @@ class DFlashLayer(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.extend(index, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        if isinstance(mask, BlockLayout):            # training's blocks: each against its context and itself only
+            out = block_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         x = x + self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.methods.dflash.dflash import block_mask
+from models.methods.dflash.dflash import BlockLayout
 from models.shared.recipes import Recipe, check_field
 from models.shared.training import IGNORE_INDEX, HeadsModule
 
@@ -69,8 +69,8 @@ class DFlashFitModule(HeadsModule):
         block_ids = torch.full((B, N, bs), module.mask_token_id, dtype=torch.long, device=ids.device)
         block_ids[..., 0] = torch.where(keep, ids.gather(1, anchors), block_ids[..., 0])
         pos = torch.cat([torch.arange(T, device=ids.device).expand(B, T), at.view(B, -1)], dim=1)
-        mask = block_mask(anchors, keep, T, bs)
-        out = module(feats, block_ids.view(B, -1), pos, mask=mask).view(B, N, bs, -1)     # [B, N, bs, h]
+        layout = BlockLayout(anchors, keep, T, bs)               # block_mask's attention, without its dense scores
+        out = module(feats, block_ids.view(B, -1), pos, mask=layout).view(B, N, bs, -1)   # [B, N, bs, h]
         target = ids.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)
         weight = (keep[..., None] & (at < T) &
                   loss_mask.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)).float()
