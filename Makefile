@@ -94,7 +94,8 @@ conformance-eagle: $(STAMP)
 interop: $(STAMP)
 	$(BIN)/python -m pipelines.interop $(ARGS)
 
-# our DFlash export loaded by the authors' dflash 0.1.0 (DFlashDraftModel), in its own .venv-dflash
+# our DFlash export loaded by the authors' dflash 0.1.0 (DFlashDraftModel), in its own .venv-dflash; then DFlash's and
+# DSpark's speculators exports run by the speculators library (.venv-speculators)
 dflash-check: $(STAMP)
 	$(BIN)/python -m pipelines.dflash_check $(ARGS)
 
