@@ -10,17 +10,9 @@ from omegaconf import open_dict
 import models.shared.hidden_cache as hc
 from models.base import build_tiny_model
 from models.shared.hidden_cache import HiddenCache, cache_key, column_runs
-from tests.test_training import examples, save_distilled
+from tests.test_training import examples, one_thread, save_distilled  # noqa: F401  (one_thread: autouse)
 
 UNION = (2, 4, 5, 6)          # eagle3 (2, 4, 5) | dflash, dspark (2, 6) on 8 layers
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture
