@@ -36,15 +36,11 @@ def family_settings(cfg) -> tuple[dict[str, int], dict[str, int], list[str]]:
     transformers' assistant]) for this config: a LoRA recipe runs its adapted backbone's own baseline, a family whose
     draft can be transformers' assistant model also runs assisted generation (eval.sps_hf)."""
     from models.methods import method
-    from pipelines.common import conf_option
-    from pipelines.recipes import effective_epochs, with_profile_heads
+    from pipelines.recipes import effective_epochs, stage_heads
 
     epochs, extra, assisted = {}, {}, []
     for name in dict.fromkeys([*cfg.pipeline_heads, *cfg.profile.eval.families]):
-        c = cfg.copy()
-        OmegaConf.set_struct(c, False)
-        c.heads = conf_option("heads", str(name))
-        c = with_profile_heads(c)
+        c = stage_heads(cfg, str(name))
         epochs[str(name)] = effective_epochs(c)
         if c.heads.recipe.get("lora"):
             extra[str(name)] = 1

@@ -48,6 +48,17 @@ def with_profile_heads(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def stage_heads(cfg: DictConfig, name: str) -> DictConfig:
+    """cfg with conf/heads/<name>.yaml as its heads (resolved against cfg) and the profile's overrides merged: the
+    heads as the stage of that name runs them."""
+    from pipelines.common import conf_option
+
+    other = cfg.copy()
+    with open_dict(other):
+        other.heads = conf_option("heads", str(name))
+    return with_profile_heads(other)
+
+
 def effective_epochs(cfg: DictConfig) -> int:
     """The recipe's epochs when it has its own (Hydra++: 10), else the profile's; capped by profile.train.max_epochs:
     one number for every family, or a mapping from heads name to cap with a `default` (null: no cap)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from datasets import load_from_disk
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from models.shared import HeadsConfig
 from models.methods import build_heads, method
@@ -17,8 +17,8 @@ from models.shared.draft_vocab import answer_token_counts, coverage, most_freque
 from models.shared.head_data import HeadsDataset, conversation_loader, window_loader
 from models.shared.hidden_cache import HiddenCache, cache_key
 from models.shared.training import IGNORE_INDEX
-from pipelines.common import conf_option, log
-from pipelines.recipes import with_profile_heads
+from pipelines.common import log
+from pipelines.recipes import stage_heads
 
 
 def load_examples(cfg: DictConfig) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
@@ -72,11 +72,8 @@ def pipeline_taps(cfg: DictConfig, base_config) -> tuple[int, ...]:
     config as its own stage runs it, profile overrides merged) and cfg.heads (a stage outside that list)."""
     heads = [(str(cfg.heads.family), int(cfg.heads.num_layers))]
     for name in cfg.get("pipeline_heads") or []:
-        other = cfg.copy()
-        with open_dict(other):
-            other.heads = conf_option("heads", str(name))      # resolved against this config, as its stage's is
-        other = with_profile_heads(other)
-        heads.append((str(other.heads.family), int(other.heads.num_layers)))
+        other = stage_heads(cfg, str(name)).heads
+        heads.append((str(other.family), int(other.num_layers)))
     return taps_union(base_config, heads)
 
 
