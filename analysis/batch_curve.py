@@ -51,6 +51,7 @@ def _paired(method: dict, baseline: dict) -> dict | None:
 
     value = float(ratio({k: np.asarray(v, dtype=float) for k, v in cols.items()}))
     return {"speedup": value, "ci": bootstrap_columns(cols, ratio), "batches": len(mine),
+            "questions": sum(len(b["questions"]) for b in mine),
             "tokens_per_s": sum(cols["mt"]) / sum(cols["mw"]), "baseline_tokens_per_s": sum(cols["bt"]) / sum(cols["bw"])}
 
 
@@ -88,7 +89,16 @@ def batch_markdown(rows: list[dict]) -> str:
         fmt = lambda r: "-" if r is None else f"{r['speedup']:.2f}x" + (   # noqa: E731
             f" ({r['ci'][0]:.2f}-{r['ci'][1]:.2f})" if r.get("ci") else "")
         lines.append(f"| {key[0]} {key[1]} | " + " | ".join(fmt(cells.get(b)) for b in sizes) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + questions_note(rows)
+
+
+def questions_note(rows: list[dict]) -> str:
+    """The n behind the table: B = 1 is the headline's questions, B > 1 the curve's (profile.eval.batch_questions)."""
+    one = sorted({r["batches"] for r in rows if r["batch_size"] == 1 and r.get("batches")})
+    more = sorted({r["questions"] for r in rows if r["batch_size"] > 1 and r.get("questions")})
+    parts = ([f"B = 1 on the headline's {'/'.join(map(str, one))} questions"] if one else []) + \
+        ([f"B > 1 on {'/'.join(map(str, more))} questions in batches of B"] if more else [])
+    return f"\n{'; '.join(parts)}.\n" if parts else ""
 
 
 def plot_batch_curve(rows: list[dict], path) -> Path:

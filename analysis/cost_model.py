@@ -53,6 +53,7 @@ class Plan:
     eval_split: dict[str, tuple[int, int]] = field(default_factory=dict)
     batch_sizes: int = 0                   # batch sizes above 1 (the batch curve alone)
     batch_lookup_sizes: int = 0            # batch sizes above 1 with prompt lookup merged in
+    batch_questions: int | None = None     # the batch curve's questions (None: every one)
 
     @classmethod
     def from_params(cls, params: dict, epochs: dict[str, int], eval_extra: dict[str, int] | None = None,
@@ -92,7 +93,9 @@ class Plan:
                    assisted=list(assisted or []),
                    assisted_questions=None if ev.get("assisted_questions") is None else
                    min(int(ev["assisted_questions"]), questions),
-                   batch_sizes=len(sizes), batch_lookup_sizes=len(lookup_sizes))
+                   batch_sizes=len(sizes), batch_lookup_sizes=len(lookup_sizes),
+                   batch_questions=None if ev.get("batch_questions") is None else
+                   min(int(ev["batch_questions"]), questions))
 
 
 def settings_from_metrics(metrics: dict[str, dict]) -> tuple[dict[str, int], dict[str, int], list[str]]:
@@ -136,10 +139,11 @@ def stage_work(plan: Plan) -> dict[str, tuple[str, float]]:
                 (full, subset + plan.assisted_questions)
         work[f"evaluate@{h}"] = ("new tokens decoded", (full * plan.questions + subset) * answer)
     if plan.batch_sizes:
-        work["batch_baseline"] = ("new tokens decoded in batches", plan.batch_sizes * plan.questions * answer)
+        curve = plan.questions if plan.batch_questions is None else plan.batch_questions
+        work["batch_baseline"] = ("new tokens decoded in batches", plan.batch_sizes * curve * answer)
         for h in plan.families:
             work[f"batch@{h}"] = ("new tokens decoded in batches",
-                                  (plan.batch_sizes + plan.batch_lookup_sizes) * plan.questions * answer)
+                                  (plan.batch_sizes + plan.batch_lookup_sizes) * curve * answer)
     work["tables"] = ("run", 1)
     return work
 

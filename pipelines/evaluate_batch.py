@@ -6,8 +6,9 @@ profile.eval.batch_sizes:
   heads=none   the autoregressive baseline                                            -> results/batch/baseline/
   heads=<h>    the heads on their tree for B (results/calibrate/<h>/batch_trees.json), alone (<h>-batch) and with
                prompt lookup's chain merged in (<h>-batch_pld)                          -> results/batch/<h>/
-A B above the number of questions the profile selects is refused before any model loads (it would decode one smaller
-batch and record it under B). With profile.eval.batch_lookup_sizes set, <h>-batch_pld runs at those B only.
+With profile.eval.batch_questions = N, the curve decodes N of those questions, spread over the categories (every
+B and every method the same N, the baseline's included). A B above the number of questions is refused before any
+model loads (it would decode one smaller batch and record it under B). With profile.eval.batch_lookup_sizes set, <h>-batch_pld runs at those B only.
 B = 1 is the headline's (evaluate@<h>, references): not decoded again. The first batch
 of each B runs once untimed (warm-up). A batch's record: its questions, its wall seconds (prefills included), each
 answer's tokens and accepted lengths. Every answer must be the references stage's greedy batch-1 answer
@@ -35,7 +36,7 @@ from models.engine.path_choice import prepare_for_decoding
 from models.engine.trees import tree_from_config
 from models.hardware import host_record, machine_label
 from models.measure.lossless import LosslessnessError, judged_difference
-from models.measure.mtbench import chat_input_ids, load_questions
+from models.measure.mtbench import chat_input_ids, load_questions, spread
 from models.methods import load_for_decoding
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
 from pipelines.stage_clock import StageClock
@@ -51,15 +52,26 @@ def batch_sizes(cfg: DictConfig) -> list[int]:
     return [b for b in sizes if b > 1]
 
 
+def curve_questions(cfg: DictConfig, questions: list) -> list:
+    """The questions the batch curve decodes: profile.eval.batch_questions of the profile's, spread over the
+    categories (null: every one)."""
+    n = cfg.profile.eval.get("batch_questions")
+    if n is not None and int(n) < 1:
+        raise ValueError(f"profile.eval.batch_questions={n}: use a whole number >= 1, or null for every question")
+    return spread(questions, None if n is None else int(n))
+
+
 def check_question_count(cfg: DictConfig, n: int) -> None:
-    """Every B of profile.eval.batch_sizes fits in the n questions the profile selects: a larger B would decode one
+    """Every B of profile.eval.batch_sizes fits in the n questions the curve decodes: a larger B would decode one
     smaller batch and record it under B."""
     sizes = [int(b) for b in cfg.profile.eval.get("batch_sizes") or [1]]
     too_big, asked = [b for b in sizes if b > n], cfg.profile.eval.get("num_questions")
     if too_big:
+        subset = cfg.profile.eval.get("batch_questions")
         raise ValueError(f"profile.eval.batch_sizes={sizes} asks for B={max(too_big)} but profile.eval.num_questions="
-                         f"{'null (all)' if asked is None else asked} selects {n} questions; use batch sizes at most "
-                         f"{n} or more questions")
+                         f"{'null (all)' if asked is None else asked}"
+                         + ("" if subset is None else f" and profile.eval.batch_questions={subset}")
+                         + f" select{'s' if subset is None else ''} {n} questions; use batch sizes at most {n} or more questions")
 
 
 def method_sizes(cfg: DictConfig, name: str, sizes: list[int]) -> list[int]:
@@ -164,7 +176,7 @@ def run_batch_curve(cfg: DictConfig) -> dict:
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     apply_host(cfg, device)
     sizes = batch_sizes(cfg)
-    questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
+    questions = curve_questions(cfg, load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions))
     check_question_count(cfg, len(questions))                  # before any model loads
     base, tok = load_model(cfg, device=device)
     model, adapted, methods = methods_for(cfg, base)

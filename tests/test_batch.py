@@ -269,6 +269,7 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
         ("alone", 2, 3), ("alone", 4, 2), ("with prompt lookup", 2, 3), ("with prompt lookup", 4, 2)]
     assert all(r["speedup"] > 0 and r["ci"][0] <= r["ci"][1] for r in rows)
     assert batch_markdown(rows).splitlines()[0] == "| method | B = 2 | B = 4 |"
+    assert batch_markdown(rows).rstrip().endswith(f"B > 1 on {len(BATCH_QUESTIONS)} questions in batches of B.")
     monkeypatch.setattr(evaluate_batch, "decode_batches", lambda *a, **k: pytest.fail("decoded again"))
     again = evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "hydra"))
     assert again["methods"]["hydra-batch"]["4"]["tokens"] == hydra["methods"]["hydra-batch"]["4"]["tokens"]
@@ -287,6 +288,28 @@ def test_a_batch_size_above_the_questions_is_refused_before_any_model_loads(tmp_
     with pytest.raises(ValueError, match="batches of 4 from 3 questions"):
         evaluate_batch.decode_batches(None, [[1, 2]] * 3, [1, 2, 3], 4, None, 8, [])
 
+
+
+def test_the_curve_decodes_its_stated_subset_and_refuses_a_batch_above_it(tmp_path, monkeypatch):
+    """profile.eval.batch_questions = N: N of the questions, spread over the categories (every other of ten when N is
+    five); a B above N is refused naming both settings, before a model loads."""
+    from omegaconf import OmegaConf
+
+    from pipelines import evaluate_batch
+
+    questions = list(range(10))
+    cfg = OmegaConf.create({"profile": {"eval": {"batch_questions": 5}}})
+    assert evaluate_batch.curve_questions(cfg, questions) == [0, 2, 4, 6, 8]
+    cfg.profile.eval.batch_questions = None
+    assert evaluate_batch.curve_questions(cfg, questions) == questions
+    cfg.profile.eval.batch_questions = 0
+    with pytest.raises(ValueError, match=r"profile\.eval\.batch_questions=0: use a whole number >= 1"):
+        evaluate_batch.curve_questions(cfg, questions)
+    monkeypatch.setattr(evaluate_batch, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=r"B=4 but profile\.eval\.num_questions=null \(all\) and "
+                                         r"profile\.eval\.batch_questions=3 select 3 questions"):
+        evaluate_batch.run_batch_curve(batch_cfg(tmp_path, "none", "profile.eval.batch_sizes=[1,2,4]",
+                                                 "profile.eval.batch_questions=3"))
 
 def test_the_tree_per_batch_size_weighs_the_batched_draft_and_the_grown_trees():
     """At B = 8 a tree whose drafts batch (one forward a depth for every sequence) beats a cheap chain that wins when

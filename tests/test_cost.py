@@ -57,6 +57,14 @@ def test_prompt_lookup_at_fewer_batch_sizes_counts_fewer_batches():
     assert dict((s, a) for s, (_, a) in stage_work(plan).items())["batch@h1"] == (2 + 1) * 4 * 10
 
 
+
+def test_the_batch_curve_on_a_subset_counts_its_questions_only():
+    plan = Plan.from_params(tiny_params(batch_questions=2), epochs={"h1": 1, "h2": 1})
+    work = dict((s, a) for s, (_, a) in stage_work(plan).items())
+    assert work["batch_baseline"] == 2 * 2 * 10                     # B = 2 and 4, on 2 of the 4 questions
+    assert work["batch@h1"] == (2 + 2) * 2 * 10
+    assert work["references"] == Plan.from_params(tiny_params(), epochs={"h1": 1, "h2": 1}).reference_methods * 4 * 10
+
 def test_rates_project_through_plain_steps_into_weight_reads():
     plan = Plan.from_params(tiny_params(), epochs={"h1": 2, "h2": 3})
     work = stage_work(plan)
