@@ -69,7 +69,7 @@ def calibration_table(summary: dict, calibrations: dict[str, dict]) -> Table | N
 
 def tree_choice_table(summary: dict, calibrations: dict[str, dict] | None = None) -> Table | None:
     """Speedup of the calibrated tree beside the fixed trees, per heads (issue: is optimal the fastest?)."""
-    # cut per step (tree=dynamic), grown per step (dynamic_optimal) or by a lookup branch (optimal_pld): not fixed
+    # cut per step (tree=cut), grown per step (dynamic_optimal) or by a lookup branch (optimal_pld): not fixed
     cut = {m["tree"] for m in summary["methods"].values()
            if m["kind"] == "heads" and (m.get("cut_by_cost") or m.get("lookup_branch") or m.get("grown"))}
     fixed = [t for t in method_trees(summary) if t != "optimal" and t not in cut]

@@ -43,9 +43,9 @@ EAGLE_PUBLISHED = ("specbench_2025", "eagle3")        # analysis/published.py ta
 EAGLE_FAMILIES = ("eagle", "eagle3", "sps")            # a run of one method is shown when it ran one of these
 # our rows: the calibrated tree alone and with prompt lookup merged in; EAGLE-2 (ours) is the EAGLE heads on the
 # calibrated tree grown per step (conf/tree/dynamic_optimal.yaml, dynamic_optimal_pld.yaml), or where that did not
-# run on the tree cut per step by cost that starts from the calibrated tree (conf/tree/dynamic.yaml, dynamic_pld.yaml)
+# run on the tree cut per step by cost that starts from the calibrated tree (conf/tree/cut.yaml, cut_pld.yaml)
 EAGLE2_TREES = {"optimal": "dynamic_optimal", "optimal_pld": "dynamic_optimal_pld"}
-EAGLE2_CUT_TREES = {"optimal": "dynamic", "optimal_pld": "dynamic_pld"}
+EAGLE2_CUT_TREES = {"optimal": "cut", "optimal_pld": "cut_pld"}
 PLD_KINDS = ("pld", "pld_hf")
 
 
@@ -263,7 +263,7 @@ def eagle_table(summary: dict, single_runs: dict[str, dict] | None = None) -> Ta
                    "optimal_pld: the same with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml). EAGLE-2 "
                    "(ours): the EAGLE heads on tree=dynamic_optimal (dynamic_optimal_pld in the optimal_pld rows), "
                    "EAGLE-2's tree grown at every step from the drafter's own probabilities, its depth, top_k and "
-                   "nodes calibrated on this machine; where that did not run, tree=dynamic (dynamic_pld), the "
+                   "nodes calibrated on this machine; where that did not run, tree=cut (cut_pld), the "
                    "calibrated 16-node tree cut at every step by cost. SpS (ours): the two-layer draft model of "
                    "conf/heads/sps.yaml. PLD (ours): prompt lookup in the heads' decoder, tree-independent. "
                    "-: not run.")
@@ -275,7 +275,7 @@ def eagle_table(summary: dict, single_runs: dict[str, dict] | None = None) -> Ta
 
 
 def tree_nodes(m: dict) -> str:
-    """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/dynamic.yaml), "+ lookup" for
+    """Nodes of a method's tree; "<= n" for a tree cut per step by cost (conf/tree/cut.yaml), "+ lookup" for
     one with prompt lookup's chain merged in (conf/tree/optimal_pld.yaml)."""
     n = m.get("tree_nodes")
     if not n:

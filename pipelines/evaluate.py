@@ -3,7 +3,7 @@
 MT-Bench speed evaluation at batch size 1, the methods of one run (eval.methods) in this one process:
   baseline                 autoregressive decoding with the base model (heads=None)
   <heads>-<tree>           each trained heads folder results/heads/<heads> on each tree; a tree with
-                           `lookup: true` (optimal_pld, dynamic_pld) merges prompt lookup's chain into it
+                           `lookup: true` (optimal_pld, cut_pld) merges prompt lookup's chain into it
   pld                      prompt lookup decoding in our decoder (models/engine/drafters/prompt_lookup.py): the same
                            loop and decode step as the heads (eval.prompt_lookup.pld)
   pld_hf                   prompt lookup decoding in transformers' generate, the reference
@@ -66,14 +66,14 @@ from pipelines.common import load_model, log, mlflow_run, run_record, stage, sto
 from pipelines.stage_clock import StageClock
 from pipelines.host import apply_host
 from pipelines.deps import code_digest
-from pipelines.methods import (Contender, Selection, build_methods, drafter_for, question_subsets, selection,  # noqa: F401
+from pipelines.methods import (Contender, Selection, build_methods, drafter_for, question_subsets, selection,
                                tree_question_limits)
 
 
 SWEEP_MODES = ("heads", "all")     # runs over profile.eval.trees, where profile.eval.tree_questions applies
 
 
-# -- 2) running one turn ---------------------------------------------------------------------------
+# -- 1) running one turn ---------------------------------------------------------------------------
 def sampling_for(cfg: DictConfig, temperature: float, seed: int) -> SamplingConfig:
     if temperature > 0 and cfg.eval.acceptance == "greedy":
         raise ValueError(f"temperature {temperature} needs eval.acceptance=typical or sampling "
@@ -110,7 +110,7 @@ def generate_turn(method: Contender, tokenizer, input_ids: list[int], cfg: DictC
                     sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
 
 
-# -- 3) what stored results belong to ------------------------------------------------------------
+# -- 2) what stored results belong to ------------------------------------------------------------
 RECORDS_LAYOUT = 1     # bump when a stored result's layout changes: older ones are then redone
 
 
@@ -145,7 +145,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Contender], quest
 
 
 
-# -- 4) the benchmark loop -------------------------------------------------------------------------
+# -- 3) the benchmark loop -------------------------------------------------------------------------
 def run_question(cfg: DictConfig, order: list[Contender], tokenizer, q, run: int, turns: int,
                  stop_ids: list[int]) -> QuestionResult:
     """Every turn of one question by every method in `order`, back to back."""
@@ -224,7 +224,7 @@ def _speed_postfix(records: dict, run: int) -> str:
     return f"base {b:.1f} tok/s" + (f", best {best} {tps[best] / b:.2f}x" if best and base else "")
 
 
-# -- 6) summaries and files ------------------------------------------------------------------------
+# -- 4) summaries and files ------------------------------------------------------------------------
 def write_results(cfg: DictConfig, sel: Selection, methods: list[Contender], records: dict, answers: dict,
                   lossless: dict, model_name: str, device: str, clock: StageClock | None = None) -> dict:
     out = Path(cfg.paths.results) / "eval" / sel.tag

@@ -8,8 +8,8 @@ when all are done, with the batch's tokens/s. Tokens that came from accepted dra
 (in [brackets] when stdout is not a terminal); the end prints the mean accepted length and
 tokens/s. Options (conf/config.yaml, "pipelines.generate" block):
   heads=none                     the autoregressive baseline
-  tree=dynamic                   the calibrated 16-node tree cut per step by cost (as in evaluate)
-  tree=optimal_pld|dynamic_pld   the heads' tree with prompt lookup's chain merged in
+  tree=cut                       the calibrated 16-node tree cut per step by cost (as in evaluate)
+  tree=optimal_pld|cut_pld       the heads' tree with prompt lookup's chain merged in
   heads_dir=FOLDER               heads from FOLDER instead of results/heads/<heads.name>
   random_heads=true              freshly initialised heads of the configured family (for trying it out)
   max_new_tokens=N temperature=T top_p=P top_k=K acceptance=greedy|typical|sampling
@@ -165,7 +165,7 @@ def main(cfg: DictConfig) -> None:
     if heads is not None and cfg.random_heads:
         prepare_heads_for_decoding(heads)
     tree, new_drafter = None, None
-    if heads is not None:     # as evaluate runs it: tree=dynamic cut per step, tree=optimal_pld with prompt lookup
+    if heads is not None:     # as evaluate runs it: tree=cut per step by cost, tree=optimal_pld with prompt lookup
         tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
         new_drafter = functools.partial(make_drafter, heads_spec(cfg, tree, step_cost, with_lookup), heads=heads)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),

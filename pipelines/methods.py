@@ -49,7 +49,7 @@ class Contender:
     family: str | None = None
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
     tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
-    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/dynamic.yaml cut_by_cost)
+    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/cut.yaml cut_by_cost)
     lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
     spec: dict | None = None       # kind drafter: its drafter spec (make_drafter)
     assistant: object = None       # kind sps_hf: the draft model as a transformers model (assisted generation)
@@ -108,6 +108,8 @@ def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict
         tree = conf_option("tree", tree_name)
     except ValueError as err:
         raise ValueError(f"profile.eval.trees names {tree_name!r}: {err}") from None
+    if tree.get("kind") == "renamed":
+        tree_from_config(tree)                    # the error that says the new name, before a file is looked for
     node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": tree})
     return OmegaConf.to_container(node, resolve=True)["tree"]
 
@@ -153,10 +155,10 @@ def drafter_for(method: "Contender", cfg: DictConfig) -> StepDrafter | None:
     return make_drafter(heads_spec(cfg, method.tree, method.step_cost, method.lookup), heads=method.heads)
 
 
-def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec, list[float] | None, bool]:
+def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec | GrownTree, list[float] | None, bool]:
     """A resolved conf/tree option -> (its tree, the step costs it is cut with or None, whether prompt lookup's
     chain joins it). A tree cut per step or grown by a lookup branch is named by the option: the file it reads
-    (the calibrated tree of optimal or dynamic) is only where it starts."""
+    (the calibrated tree of optimal or cut) is only where it starts."""
     tree = tree_from_config(tree_cfg)
     lookup = bool(tree_cfg.get("lookup"))
     if tree_cfg.get("cut_by_cost") or lookup:

@@ -592,7 +592,7 @@ def test_time_step_rewinds_state_and_drafter(family):
     assert got[:12] == want.new_tokens
 
 
-# -- trees cut per step by cost (conf/tree/dynamic.yaml) ----------------------------------------------
+# -- trees cut per step by cost (conf/tree/cut.yaml) ----------------------------------------------
 
 
 def test_cut_by_cost_keeps_the_nodes_that_pay_for_themselves():

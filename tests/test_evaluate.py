@@ -335,8 +335,8 @@ def test_broken_method_fails_losslessness_naming_question_turn_position(stage_cf
     assert (tmp_path / "results" / "eval" / "all" / "summary.json").is_file()
 
 
-def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cfg, tmp_path):
-    """tree=dynamic: results/calibrate/<heads>/trees/budget_16.json cut per step with results/calibrate/latency.json."""
+def test_the_cut_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cfg, tmp_path):
+    """tree=cut: results/calibrate/<heads>/trees/budget_16.json cut per step with results/calibrate/latency.json."""
     from omegaconf import open_dict
 
     from pipelines.evaluate import run_evaluation
@@ -349,19 +349,19 @@ def test_dynamic_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cf
     (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
                                                   "baseline_step_s": 0.01}))
     with open_dict(stage_cfg):
-        stage_cfg.profile.eval.trees = ["dynamic"]
+        stage_cfg.profile.eval.trees = ["cut"]
         stage_cfg.profile.eval.families = ["hydra"]
         stage_cfg.profile.eval.repeats = 1
         stage_cfg.eval.prompt_lookup.enabled = False
     summary = run_evaluation(stage_cfg)
-    m = summary["methods"]["hydra-dynamic"]
-    assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "dynamic"
+    m = summary["methods"]["hydra-cut"]
+    assert m["cut_by_cost"] is True and m["tree_nodes"] == 7 and m["tree"] == "cut"
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
-    assert report["passed"] and report["methods"]["hydra-dynamic"]["checked_turns"] == 4
+    assert report["passed"] and report["methods"]["hydra-cut"]["checked_turns"] == 4
 
 
 def test_lookup_trees_merge_prompt_lookup_into_the_heads_tree(stage_cfg, tmp_path):
-    """tree=optimal_pld (the calibrated tree + prompt lookup's chain) and dynamic_pld (the 16-node tree + the chain,
+    """tree=optimal_pld (the calibrated tree + prompt lookup's chain) and cut_pld (the 16-node tree + the chain,
     cut per step with room for the chain's tokens in the step costs): lossless, flagged in the summary."""
     from omegaconf import open_dict
 
@@ -375,19 +375,19 @@ def test_lookup_trees_merge_prompt_lookup_into_the_heads_tree(stage_cfg, tmp_pat
     (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
                                                   "baseline_step_s": 0.01}))
     with open_dict(stage_cfg):
-        stage_cfg.profile.eval.trees = ["optimal_pld", "dynamic_pld"]
+        stage_cfg.profile.eval.trees = ["optimal_pld", "cut_pld"]
         stage_cfg.profile.eval.families = ["hydra"]
         stage_cfg.profile.eval.repeats = 1
     summary = run_evaluation(stage_cfg)
-    opt, dyn = summary["methods"]["hydra-optimal_pld"], summary["methods"]["hydra-dynamic_pld"]
+    opt, dyn = summary["methods"]["hydra-optimal_pld"], summary["methods"]["hydra-cut_pld"]
     assert opt["lookup_branch"] is True and opt["cut_by_cost"] is False and opt["tree_nodes"] == 2
     assert opt["tree"] == "optimal_pld"                  # named by the option, not by the calibrated file it reads
-    assert dyn["lookup_branch"] is True and dyn["cut_by_cost"] is True and dyn["tree"] == "dynamic_pld"
+    assert dyn["lookup_branch"] is True and dyn["cut_by_cost"] is True and dyn["tree"] == "cut_pld"
     assert summary["methods"]["pld"]["lookup_branch"] is False
     fingerprint = read(tmp_path / "data" / "eval-records" / stage_cfg.model.name / "all" / "manifest.json")
     costs = {m["name"]: m["step_cost"] for m in fingerprint["settings"]["methods"]}
     assert costs["hydra-optimal_pld"] is None
-    assert len(costs["hydra-dynamic_pld"]) == 4 + 1 + int(stage_cfg.eval.prompt_lookup.pld.num_tokens)
+    assert len(costs["hydra-cut_pld"]) == 4 + 1 + int(stage_cfg.eval.prompt_lookup.pld.num_tokens)
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["hydra-optimal_pld"]["checked_turns"] == 4
 
@@ -571,17 +571,17 @@ def test_the_records_fingerprint_follows_settings_questions_trees_and_heads_file
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value)
         assert fingerprint(cfg) != before, key
-    # a recalibrated tree of the same name (dynamic: results/calibrate/hydra/trees/budget_16.json)
+    # a recalibrated tree of the same name (cut: results/calibrate/hydra/trees/budget_16.json)
     trees = tmp_path / "results" / "calibrate" / "hydra" / "trees"
     trees.mkdir(parents=True)
     (tmp_path / "results" / "calibrate" / "latency.json").write_text(json.dumps(
         {"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03], "baseline_step_s": 0.01}))
     with open_dict(resume_cfg):
-        resume_cfg.profile.eval.trees = ["dynamic"]
+        resume_cfg.profile.eval.trees = ["cut"]
     (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [1], [0, 0]], "topk": 10}))
-    dynamic = fingerprint(resume_cfg)
+    cut = fingerprint(resume_cfg)
     (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [0, 0], [0, 1]], "topk": 10}))
-    assert fingerprint(resume_cfg) != dynamic
+    assert fingerprint(resume_cfg) != cut
 
     # a record of another fingerprint is never read: a store opened with a new one starts empty, and a
     # foreign file in it is redone

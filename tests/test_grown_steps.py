@@ -41,7 +41,7 @@ def test_between_two_fixed_trees_the_fixed_step_is_interpolated_in_drafts():
 def test_trees_merged_with_lookup_or_cut_by_cost_are_not_fixed_trees():
     (row,) = rows_of({"eagle-dynamic_optimal": method(8, 100.0, **GROWN),
                       "eagle-optimal_pld": method(8, 50.0, lookup_branch=True),
-                      "eagle-dynamic": method(8, 50.0, cut_by_cost=True), "eagle-sparse64": method(63, 200.0)})
+                      "eagle-cut": method(8, 50.0, cut_by_cost=True), "eagle-sparse64": method(63, 200.0)})
     assert row["fixed"][0]["method"] == "eagle-sparse64" and row["how"] == "upper bound"
 
 

@@ -124,7 +124,7 @@ def test_eagle_table_puts_the_papers_eagle_family_beside_ours(summary):
     heads on the tree cut per step by cost) and the runs of one method each; "-" where a method was not run."""
     ms = summary["methods"]
     ms["eagle-optimal"] = method("heads", "eagle", "optimal", 4, speedup=1.7, accept=2.2)
-    ms["eagle-dynamic"] = {**method("heads", "eagle", "dynamic", 16, speedup=1.8, accept=2.4), "cut_by_cost": True}
+    ms["eagle-cut"] = {**method("heads", "eagle", "cut", 16, speedup=1.8, accept=2.4), "cut_by_cost": True}
     ms["hydra-optimal"] = method("heads", "hydra", "optimal", 4, speedup=1.5, accept=1.9)
     ms["medusa1-optimal_pld"] = {**method("heads", "medusa1", "optimal_pld", 4, speedup=1.45, accept=1.8),
                                  "lookup_branch": True}
@@ -149,7 +149,7 @@ def test_eagle_table_puts_the_papers_eagle_family_beside_ours(summary):
     assert ours + "run eagle3-optimal_pld, tree optimal) | - | - | 1.90x / 2.90 | - | - | - | 1.20x / 1.40 |" in md
     assert ours + "run eagle3-optimal_pld, tree optimal_pld) | - | - | 2.05x / 3.10 | - | - | - | 1.20x / 1.40 |" in md
     assert "run medusa2-optimal" not in md and "Vicuna-7B, A100 (Spec-Bench) |" not in md   # not its families; old board
-    assert "EAGLE-2 (ours): the EAGLE heads on tree=dynamic" in md
+    assert "EAGLE-2 (ours): the EAGLE heads on tree=dynamic_optimal" in md
     assert len(table.rows) == 8
     tex = to_latex(table)
     assert r"\label{tab:eagle}" in tex and "EAGLE-3 & SpS" in tex and r"run eagle3-optimal\_pld" in tex
@@ -274,7 +274,7 @@ def test_tables_stage_writes_reports(summary, tmp_path):
     assert "not a reproduction" in results and "`reports/bench/gpu_h200_vicuna_7b.json`" in results
 
 
-@pytest.mark.parametrize("tree, nodes, flag, shown", [("dynamic", 16, "cut_by_cost", "<= 16"),
+@pytest.mark.parametrize("tree, nodes, flag, shown", [("cut", 16, "cut_by_cost", "<= 16"),
                                                      ("optimal_pld", 4, "lookup_branch", "4 + lookup")])
 def test_an_adaptive_tree_is_shown_but_not_counted_as_fixed(summary, tree, nodes, flag, shown):
     """A tree cut per step (dynamic) or grown by a lookup branch (optimal_pld) has its own column in the tree

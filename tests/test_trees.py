@@ -82,3 +82,19 @@ def test_truncated_tree():
     spec = conf_tree("sparse64").truncated(2)
     assert spec.depth == 2 and spec.num_nodes == 38
     assert chain_tree(4).truncated(0).num_nodes == 0
+
+
+@pytest.mark.parametrize("old, new", [("dynamic", "cut"), ("dynamic_pld", "cut_pld")])
+def test_the_old_names_of_the_cut_trees_say_their_new_names(old, new):
+    """tree=dynamic and dynamic_pld were fixed trees cut per step: renamed, so that "dynamic" means grown per step
+    only; the old names stop with the new one, from the conf file and from an evaluation's tree list alike."""
+    from omegaconf import OmegaConf
+
+    from pipelines.methods import tree_config
+
+    with pytest.raises(ValueError, match=rf"tree={old} was renamed tree={new} \(a fixed tree cut per step"):
+        conf_tree(old)
+    cfg = OmegaConf.create({"paths": {"results": "results"}, "heads": {"name": "hydra"}})
+    with pytest.raises(ValueError, match=rf"tree={old} was renamed tree={new}"):
+        tree_config(cfg, old, "hydra")
+    assert yaml.safe_load((REPO_ROOT / "conf" / "tree" / f"{new}.yaml").read_text())["name"] == new

@@ -130,6 +130,9 @@ def tree_from_config(cfg) -> TreeSpec | GrownTree:
     get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
     kind, topk = get("kind"), int(get("topk", 10) or 10)
     name = get("name") or kind
+    if kind == "renamed":           # an old option name kept as a pointer (conf/tree/dynamic.yaml)
+        raise ValueError(f"tree={name} was renamed tree={get('renamed_to')} (a fixed tree cut per step by cost; "
+                         "'dynamic' names only trees grown per step: dynamic_optimal, eagle2)")
     if kind == "grown":
         return GrownTree.from_config(get, name)
     if kind == "paths":

@@ -12,7 +12,7 @@ counts as the bonus token) and cost step_cost[|S| - 1] (the verify step's latenc
 1-token step). A policy picks S per step; its figure is tokens / verify cost, relative to the baseline,
 before drafting (the same drafts for every policy) and bookkeeping. Policies:
   fixed-k      the k nodes accepted most often on the OTHER groups (questions): a fixed k-node tree
-  cut          drafters.cut_by_cost on the heads' own probabilities (tree=dynamic)
+  cut          drafters.cut_by_cost on the heads' own probabilities (tree=cut)
   recalibrated cut_by_cost on the heads' probabilities mapped to how often nodes of that probability
                were accepted on the other groups (binned, monotone): a cut with calibrated probabilities
   oracle       exactly the accepted nodes: the ceiling of any cut (not a decoder)

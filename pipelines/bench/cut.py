@@ -1,11 +1,11 @@
-"""python -m pipelines.bench.cut heads=hydra [+cut.tree=dynamic]        (make bench-cut HEADS="hydra hydra_pp")
+"""python -m pipelines.bench.cut heads=hydra [+cut.tree=cut]        (make bench-cut HEADS="hydra hydra_pp")
 
 A benchmark, not a stage: how much could cutting the draft tree per step gain on MT-Bench, for trained heads?
 Decodes the evaluation's questions (profile.eval: first turns, max_new_tokens) greedily with the heads on the
-whole tree `cut.tree` (default: dynamic's calibrated 16-node tree, never cut), records per step the heads'
+whole tree `cut.tree` (default: tree=cut's calibrated 16-node tree, never cut), records per step the heads'
 probability of every node and whether the base model accepted it (models/measure/cut_replay.py), checks the
 answers against the baseline's, then replays the policies on this machine's latency profile
-(results/calibrate/latency.json): fixed k-node trees, the heads' own cut (tree=dynamic), the cut with
+(results/calibrate/latency.json): fixed k-node trees, the heads' own cut (tree=cut), the cut with
 recalibrated probabilities, and the oracle. Needs `dvc repro calibrate` first (heads, trees, latency).
 Prints the table and writes reports/bench/cut_replay_<heads>.json.
 """
@@ -29,7 +29,7 @@ from pipelines.methods import resolve_tree, step_cost_for, tree_config
 
 @stage
 def main(cfg: DictConfig) -> None:
-    tree_name = str(OmegaConf.select(cfg, "cut.tree", default="dynamic"))
+    tree_name = str(OmegaConf.select(cfg, "cut.tree", default="cut"))
     name = str(cfg.heads.name)
     folder = Path(cfg.paths.results) / "heads" / name
     latency = Path(cfg.paths.results) / "calibrate" / "latency.json"
@@ -41,8 +41,8 @@ def main(cfg: DictConfig) -> None:
     model, heads, _ = load_for_decoding(folder, model)
     tree, _, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_name)
     if lookup:
-        raise ValueError(f"cut.tree={tree_name!r} merges prompt lookup; use a heads-only tree (dynamic, optimal, ...)")
-    step_cost = step_cost_for({"cut_by_cost": str(latency)}, tree)    # the costs tree=dynamic is cut with
+        raise ValueError(f"cut.tree={tree_name!r} merges prompt lookup; use a heads-only tree (cut, optimal, ...)")
+    step_cost = step_cost_for({"cut_by_cost": str(latency)}, tree)    # the costs tree=cut is cut with
 
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
     stops, max_new = stop_token_ids(model, tok), int(cfg.profile.eval.max_new_tokens)

@@ -11,7 +11,7 @@ default spin, like another training or evaluation job), stopped afterwards.
                results/heads/<name> when they exist, else random heads of that family (logged; their acceptance
                differs, their time per step is what matters, so both tokens/s and ms per step are reported). A
                calibrated tree file that does not exist yet (tree=optimal...) is replaced by sparse64's first 15
-               nodes, a latency profile that does not exist (tree=dynamic...) by no cut, both logged.
+               nodes, a latency profile that does not exist (tree=cut...) by no cut, both logged.
   policies     settings, each `<wait>[@<threads>]`; wait: default (libgomp's own: spin ~300k iterations, then
                sleep), passive (OMP_WAIT_POLICY=PASSIVE: sleep at once), active (spin on), spin<N>
                (GOMP_SPINCOUNT=N), auto (what pipelines/omp.py sets for the decoding commands: PASSIVE

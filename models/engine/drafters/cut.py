@@ -1,4 +1,4 @@
-"""Cutting a drafted tree per step to the nodes that pay for their verify cost (tree=dynamic, dynamic_pld)."""
+"""Cutting a drafted tree per step to the nodes that pay for their verify cost (tree=cut, cut_pld)."""
 from __future__ import annotations
 
 

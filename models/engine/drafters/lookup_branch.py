@@ -16,7 +16,7 @@ lossless sampling with sampled heads' drafts, a node's drawn children keep their
 (the last, by rank) is tried after them as a point mass (models/engine/acceptance.py), which is exact for
 whatever residual the drawn children leave; the union is then not cut (the rule needs every draw).
 
-With step_cost (conf/tree/dynamic_pld.yaml) the union is cut like tree=dynamic (drafters/cut.py): a heads
+With step_cost (conf/tree/cut_pld.yaml) the union is cut like tree=cut (drafters/cut.py): a heads
 node's probability is the heads' own along its path; a lookup node j tokens below the root has r_n ** j, r_n
 the running rate (Laplace-smoothed) at which prompt lookup's tokens after an n-gram match were right in this
 answer so far; a node both propose has the larger of the two.

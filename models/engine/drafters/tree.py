@@ -1,4 +1,4 @@
-"""A drafted tree, optionally cut per step by cost (tree=optimal, sparse64, chain4, dynamic): the proposals of the
+"""A drafted tree, optionally cut per step by cost (tree=optimal, sparse64, chain4, cut): the proposals of the
 proposer of the heads' method (heads.method.proposer; proposer.py), walked depth by depth over the fixed tree; or a tree grown
 per step (tree=eagle2, dynamic_optimal: grown.py), built from the same spec kind.
 
@@ -119,7 +119,7 @@ def tree_drafter(heads, tree: TreeSpec | TreeBuffers | GrownTree, step_cost: lis
         return TreeDrafter(heads, tree, step_cost, want_probs)
     if step_cost is not None:
         raise ValueError(f"grown tree {tree.name!r} with cut_by_cost: a grown tree picks its nodes itself "
-                         "(its `nodes`); cut a fixed tree instead (tree=dynamic)")
+                         "(its `nodes`); cut a fixed tree instead (tree=cut)")
     return GrownTreeDrafter(heads, tree)
 
 

@@ -4,7 +4,7 @@ scored with the Markov bias of the node's own token, so that position d + 1 sees
 head runs its state along each node's path of block slots, from slot 0 (the root's, biased by the root itself: the
 library's sample_from_anchor false, as training).
 
-The confidence head's cut: a drafter cut per step by cost (TreeDrafter's step_cost, tree=dynamic) multiplies along
+The confidence head's cut: a drafter cut per step by cost (TreeDrafter's step_cost, tree=cut) multiplies along
 each path the probability that a node's top child is accepted, and this proposer gives it from its confidence head
 (child_accept) rather than from its logits; cut_by_cost then keeps the nodes whose acceptance pays for their verify
 cost on this machine's latency profile, so the chain ends where its survival product falls below what the next
