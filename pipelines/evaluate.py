@@ -66,7 +66,7 @@ from pipelines.common import load_model, log, mlflow_run, run_record, stage, sto
 from pipelines.stage_clock import StageClock
 from pipelines.host import apply_host
 from pipelines.deps import code_digest
-from pipelines.methods import (Contender, Selection, build_methods, drafter_for, question_subsets, selection,
+from pipelines.methods import (Contender, Kind, Selection, build_methods, drafter_for, question_subsets, selection,
                                tree_question_limits)
 
 
@@ -88,18 +88,18 @@ def generate_turn(method: Contender, tokenizer, input_ids: list[int], cfg: DictC
                   seed: int, stop_ids: list[int], max_new: int | None = None):
     """One answer by one method -> an object with new_tokens, wall_time, prefill_time, steps, accept_lengths."""
     max_new = int(max_new or cfg.profile.eval.max_new_tokens)
-    if method.kind == "sps_hf":
+    if method.kind is Kind.SPS_HF:
         if temperature > 0:
             torch.manual_seed(seed)
         return assisted_generate(method.model, method.assistant, input_ids, max_new,
                                  num_tokens=int(cfg.eval.sps_hf.num_tokens), temperature=temperature,
                                  stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    if method.kind == "hf_generate":
+    if method.kind is Kind.HF_GENERATE:
         if temperature > 0:
             torch.manual_seed(seed)
         return greedy_generate(method.model, input_ids, max_new, temperature=temperature, stop_token_ids=stop_ids,
                                pad_token_id=tokenizer.pad_token_id)
-    if method.kind == "pld_hf":
+    if method.kind is Kind.PLD_HF:
         if temperature > 0:
             torch.manual_seed(seed)
         hf = cfg.eval.prompt_lookup.pld_hf
@@ -237,13 +237,13 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Contender], rec
                 "prompt_lookup": OmegaConf.to_container(cfg.eval.prompt_lookup, resolve=True)}
     summary = {"tag": sel.tag, "model": model_name, "hardware": machine_label(device), "profile": cfg.profile.name,
                "settings": settings, "baseline": "baseline", "lossless": lossless["passed"], "methods": {}}
-    plds = [m.name for m in methods if m.kind in ("pld", "pld_hf")]
+    plds = [m.name for m in methods if m.kind.prompt_lookup]
     for m in methods:
         s = {**m.describe(), **summarize_method(records[m.name], records["baseline"])}
-        if m.kind == "heads":     # the prompt lookups on this method's questions: does it beat the stronger?
+        if m.kind is Kind.HEADS:     # the prompt lookups on this method's questions: does it beat the stronger?
             s["pld_speedups"] = {p: speedup_on_questions_of(records[p], records["baseline"], records[m.name])
                                  for p in plds}
-        if m.kind == "reference":  # how far the adapted backbone moved: its greedy answers against the base's
+        if m.kind is Kind.REFERENCE:  # how far the adapted backbone moved: its greedy answers against the base's
             s["agreement_with_base"] = token_agreement([r for run in records[m.name] for r in run],
                                                        [r for run in records["baseline"] for r in run])
         summary["methods"][m.name] = s
@@ -251,7 +251,7 @@ def write_results(cfg: DictConfig, sel: Selection, methods: list[Contender], rec
                 "summary": s, "runs": [[r.as_dict() for r in run] for run in records[m.name]]}
         if m.name == "baseline":
             body["answers"] = {str(q): a for q, a in answers.items()}
-        if m.kind in ("baseline", "reference"):     # the greedy first turns the batch curve's answers must equal
+        if m.kind.greedy_reference:     # the greedy first turns the batch curve's answers must equal
             body["first_turn_tokens"] = {str(r.question_id): r.tokens for r in records[m.name][0] if r.turn == 1}
         write_json(out / f"{m.name}.json", body)
     write_json(out / "summary.json", summary)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -30,10 +31,28 @@ from pipelines.common import conf_option, log
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
 
 
-# What a contender runs, by kind: our loops (baseline: no drafter; reference: the base of an adapted backbone, no
-# drafter; heads: draft heads on a tree; pld: our prompt lookup; drafter: any make_drafter spec) and transformers'
-# own (pld_hf: its prompt lookup; sps_hf: its assisted generation; hf_generate: its greedy generate).
-CONTENDER_KINDS = ("baseline", "reference", "heads", "pld", "drafter", "pld_hf", "sps_hf", "hf_generate")
+class Kind(str, Enum):
+    """What a contender runs: our loops (baseline: no drafter; reference: the base of an adapted backbone, no drafter;
+    heads: draft heads on a tree; pld: our prompt lookup; drafter: any make_drafter spec) and transformers' own
+    (pld_hf: its prompt lookup; sps_hf: its assisted generation; hf_generate: its greedy generate). A str, so that
+    the records and the analysis read the plain name."""
+    BASELINE = "baseline"
+    REFERENCE = "reference"
+    HEADS = "heads"
+    PLD = "pld"
+    DRAFTER = "drafter"
+    PLD_HF = "pld_hf"
+    SPS_HF = "sps_hf"
+    HF_GENERATE = "hf_generate"
+
+    @property
+    def prompt_lookup(self) -> bool:
+        return self in (Kind.PLD, Kind.PLD_HF)
+
+    @property
+    def greedy_reference(self) -> bool:
+        """Its greedy answers are the ones the others must reproduce (the base's, or an adapted backbone's)."""
+        return self in (Kind.BASELINE, Kind.REFERENCE)
 
 
 @dataclass
@@ -41,7 +60,7 @@ class Contender:
     """One entry of the evaluation, a decoding loop timed against the baseline on every question it runs (named
     apart from models.shared.method.Method, a drafting method, which a heads contender carries)."""
     name: str
-    kind: str                      # CONTENDER_KINDS
+    kind: Kind                     # a Kind or its name
     model: object
     heads: object = None
     tree: TreeSpec | GrownTree | None = None
@@ -55,11 +74,12 @@ class Contender:
     assistant: object = None       # kind sps_hf: the draft model as a transformers model (assisted generation)
 
     def __post_init__(self):
-        if self.kind not in CONTENDER_KINDS:
-            raise ValueError(f"contender {self.name!r}: kind {self.kind!r} is not one of {list(CONTENDER_KINDS)}")
+        if self.kind not in set(Kind):
+            raise ValueError(f"contender {self.name!r}: kind {self.kind!r} is not one of {[k.value for k in Kind]}")
+        self.kind = Kind(self.kind)
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "heads": self.heads_name, "family": self.family,
+        return {"kind": self.kind.value, "heads": self.heads_name, "family": self.family,
                 "tree": self.tree.name if self.tree else None, "tree_nodes": self.tree.num_nodes if self.tree else None,
                 "reference": self.reference, "cut_by_cost": self.step_cost is not None, "lookup_branch": self.lookup,
                 **({"drafter": self.spec} if self.spec else {}),
@@ -146,11 +166,11 @@ def heads_spec(cfg: DictConfig, tree, step_cost: list[float] | None = None, look
 
 def drafter_for(method: "Contender", cfg: DictConfig) -> StepDrafter | None:
     """A fresh drafter for one answer of `method` (drafters keep per-answer state); None: the baseline."""
-    if method.kind == "pld":
+    if method.kind is Kind.PLD:
         return make_drafter({"kind": "prompt_lookup", **pld_settings(cfg)})
-    if method.kind == "drafter":
+    if method.kind is Kind.DRAFTER:
         return make_drafter(method.spec)
-    if method.kind != "heads":
+    if method.kind is not Kind.HEADS:
         return None
     return make_drafter(heads_spec(cfg, method.tree, method.step_cost, method.lookup), heads=method.heads)
 
@@ -168,14 +188,14 @@ def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec
 
 
 def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
-    methods = [Contender("baseline", "baseline", model)]
+    methods = [Contender("baseline", Kind.BASELINE, model)]
     for name in sel.heads:
         folder = Path(cfg.paths.results) / "heads" / name
         # a LoRA adapter is merged into a copy of the backbone, which gets its own AR reference
         base, heads, adapted = load_for_decoding(folder, model, keep_base=True)
         reference = f"baseline-{name}" if adapted else "baseline"
         if adapted:
-            methods.append(Contender(reference, "reference", base, heads_name=name, family=heads.config.family,
+            methods.append(Contender(reference, Kind.REFERENCE, base, heads_name=name, family=heads.config.family,
                                   reference=None))
         for tree_name in sel.trees:
             tree_option = tree_name or cfg.tree.name
@@ -183,28 +203,28 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
             tree.check_heads(heads.config.num_heads)
             if isinstance(tree, GrownTree):
                 tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
-            methods.append(Contender(f"{name}-{tree_option}", "heads", base, heads, tree, name, heads.config.family,
+            methods.append(Contender(f"{name}-{tree_option}", Kind.HEADS, base, heads, tree, name, heads.config.family,
                                   reference, tree_option, step_cost, lookup))
         module = heads.draft_module
         if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
             # a draft model: transformers' assisted generation with it (its own layers, the base's LM head)
             twin = module.to_causal_lm(base)
-            methods.append(Contender(f"{name}_hf", "sps_hf", base, heads_name=name, family=heads.config.family,
+            methods.append(Contender(f"{name}_hf", Kind.SPS_HF, base, heads_name=name, family=heads.config.family,
                                   reference=reference, assistant=twin))
     if sel.peers and cfg.eval.prompt_lookup.enabled:
-        methods += [Contender("pld", "pld", model, reference="baseline"),
-                    Contender("pld_hf", "pld_hf", model, reference="baseline")]
+        methods += [Contender("pld", Kind.PLD, model, reference="baseline"),
+                    Contender("pld_hf", Kind.PLD_HF, model, reference="baseline")]
     if sel.peers and cfg.eval.get("hf_generate", {}).get("enabled"):
         # transformers' own greedy generate, no drafting, on its own paths (a stock copy of the weights, not
         # prepared below): the other autoregressive loop, checked against ours
-        methods.append(Contender("hf_generate", "hf_generate", stock_copy(model), reference="baseline"))
+        methods.append(Contender("hf_generate", Kind.HF_GENERATE, stock_copy(model), reference="baseline"))
     drafters = cfg.eval.get("drafters") if sel.peers else None
     for name, spec in (OmegaConf.to_container(drafters, resolve=True) if drafters else {}).items():
         make_drafter(spec)                # an unknown kind or a bad setting fails here, before any decoding
-        methods.append(Contender(name, "drafter", model, reference="baseline", spec=spec))
+        methods.append(Contender(name, Kind.DRAFTER, model, reference="baseline", spec=spec))
     # every model decodes through the CPU fast paths (packed linears, GQA without cache copies), the baselines
     # too; after the LoRA merges, which change the weights
-    for m in {id(m.model): m.model for m in methods if m.kind != "hf_generate"}.values():
+    for m in {id(m.model): m.model for m in methods if m.kind is not Kind.HF_GENERATE}.values():
         log.info("prepared %s for decoding: %s", m.config.name_or_path, prepare_for_decoding(m))
     for m in methods:
         if m.heads is not None:
@@ -251,7 +271,7 @@ def question_subsets(cfg: DictConfig, methods: list[Contender], questions) -> di
     assisted = cfg.profile.eval.get("assisted_questions")
     for m in methods:
         n = limits.get(m.tree_name) if m.tree_name in limits else unchosen_limits(cfg, m)
-        if m.kind == "sps_hf":              # transformers' assisted generation: a reference, not a headline row
+        if m.kind is Kind.SPS_HF:              # transformers' assisted generation: a reference, not a headline row
             n = assisted
         if n is not None:
             subsets[m.name] = {q.question_id for q in spread(questions, int(n))}

@@ -663,3 +663,14 @@ def test_dflash_evaluates_losslessly_alone_and_with_prompt_lookup(stage_cfg, tmp
     assert summary["methods"]["dflash-eagle2_pld"]["lookup_branch"]
     report = read(tmp_path / "results" / "eval" / "all" / "lossless_report.json")
     assert report["passed"] and report["methods"]["dflash-eagle2_pld"]["checked_turns"] == 4
+
+
+def test_a_contenders_kind_is_one_of_the_kinds_and_its_record_the_plain_name():
+    from pipelines.methods import Contender, Kind
+
+    pld = Contender("pld", "pld", None, reference="baseline")
+    assert pld.kind is Kind.PLD and pld.kind.prompt_lookup and not pld.kind.greedy_reference
+    assert json.loads(json.dumps(pld.describe()))["kind"] == "pld"
+    assert Contender("ref", Kind.REFERENCE, None).kind.greedy_reference
+    with pytest.raises(ValueError, match=r"contender 'x': kind 'tree' is not one of \['baseline', 'reference', 'heads'"):
+        Contender("x", "tree", None)
