@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from models.engine.trees import TreeBuffers, TreeSpec, chain_tree, dense_tree, tree_from_config
+from models.engine.trees import TREE_KEYS, TreeBuffers, TreeSpec, chain_tree, dense_tree, tree_from_config
 from pipelines.common import REPO_ROOT
 
 
@@ -98,3 +98,12 @@ def test_the_old_names_of_the_cut_trees_say_their_new_names(old, new):
     with pytest.raises(ValueError, match=rf"tree={old} was renamed tree={new}"):
         tree_config(cfg, old, "hydra")
     assert yaml.safe_load((REPO_ROOT / "conf" / "tree" / f"{new}.yaml").read_text())["name"] == new
+
+
+def test_a_misspelt_tree_key_is_refused_naming_it():
+    """Without the check, `top-k: 4` would be dropped and the tree built with its default ranks."""
+    with pytest.raises(ValueError, match=r"tree 'c': unknown keys \['dpeth'\]; a tree option takes \["):
+        tree_from_config({"kind": "chain", "name": "c", "dpeth": 3, "depth": 3})
+    for path in sorted((REPO_ROOT / "conf" / "tree").glob("*.yaml")):     # every shipped option passes the check
+        keys = set(yaml.safe_load(path.read_text()))
+        assert keys <= TREE_KEYS, path.name

@@ -124,12 +124,21 @@ def whole(value, what: str) -> int:
     return int(value)
 
 
+# Every key a tree option may have (conf/tree/*.yaml): its kind's own, and those the evaluation reads beside the
+# tree (cut_by_cost, lookup: pipelines/methods.py; stand_in: pipelines/bench/load.py; renamed_to: an old name).
+TREE_KEYS = {"name", "kind", "topk", "paths", "depth", "k", "file", "top_k", "nodes", "cut_by_cost", "lookup",
+             "stand_in", "renamed_to"}
+
+
 def tree_from_config(cfg) -> TreeSpec | GrownTree:
     """TreeSpec from a dict-like config: kind = paths | chain | dense | file (see conf/tree/*.yaml); kind = grown, or
     a file with "kind": "grown" (calibrated): a GrownTree."""
     get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
     kind, topk = get("kind"), int(get("topk", 10) or 10)
     name = get("name") or kind
+    unknown = sorted(set(cfg.keys()) - TREE_KEYS) if hasattr(cfg, "keys") else []
+    if unknown:                                      # a misspelt key would otherwise be ignored silently
+        raise ValueError(f"tree {name!r}: unknown keys {unknown}; a tree option takes {sorted(TREE_KEYS)}")
     if kind == "renamed":           # an old option name kept as a pointer (conf/tree/dynamic.yaml)
         raise ValueError(f"tree={name} was renamed tree={get('renamed_to')} (a fixed tree cut per step by cost; "
                          "'dynamic' names only trees grown per step: dynamic_optimal, eagle2)")
