@@ -12,10 +12,17 @@ in two processes one after the other as two stages run, each into its own result
 lookup's speedup interval in the second run with its own baseline (today's design) against the same answers over
 the first run's baseline (the shared design), and the reverse; and how far the two runs' baselines drift, question
 by question. Writes reports/bench/baseline_noise.json; keep the machine quiet while it runs.
+
+It also reads the lever between the two designs, a shared baseline corrected per stage: a stage decodes its own
+baseline on baseline_noise.correction_questions of the questions (spread over the categories), and divides the
+other run's baseline times by the drift those questions show (the geometric mean of its own baseline's
+throughput over the other's) for every question. What it reports: that corrected speedup beside the own and the
+shared ones, and the correction's residual on the questions it was not measured on.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -29,9 +36,10 @@ from omegaconf import DictConfig, OmegaConf
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 from models.hardware import host_record
 from models.measure.benchmark import speed_intervals
+from models.measure.mtbench import spread
 from pipelines.common import REPO_ROOT, log, stage, write_json
 
-DEFAULTS = {"questions": None, "method": "pld", "out": "reports/bench/baseline_noise.json"}
+DEFAULTS = {"questions": None, "method": "pld", "out": "reports/bench/baseline_noise.json", "correction_questions": 16}
 
 
 def run_references(folder: Path, questions) -> float:
@@ -74,6 +82,26 @@ def compare(a: dict[str, dict], b: dict[str, dict]) -> dict:
             "width_own": width(own), "width_shared": width(shared), "width_ratio": width(shared) / width(own)}
 
 
+def throughput(r: dict) -> float:
+    return r["base_tokens"] / r["base_time"]
+
+
+def corrected(a: dict[str, dict], b: dict[str, dict], n: int) -> dict:
+    """Run b's method over run a's baseline, each of a's baseline times scaled by the drift that n of the questions
+    (spread over them, sorted by id: over the categories) show between b's own baseline and a's. The speedup and
+    its interval, and the correction's residual (b's own baseline over a's corrected one) on the other questions."""
+    qs = sorted((q for q in b if q in a), key=int)
+    measured = spread(qs, n)
+    factor = math.exp(statistics.fmean(math.log(throughput(b[q]) / throughput(a[q])) for q in measured))
+    scaled = {q: {**a[q], "base_time": a[q]["base_time"] / factor, "base_decode_time": a[q]["base_decode_time"] / factor}
+              for q in qs}
+    c, own = speed_intervals(over_baseline({q: b[q] for q in qs}, scaled)), speed_intervals(b)
+    rest = [math.log(throughput(b[q]) / (throughput(a[q]) * factor)) for q in qs if q not in set(measured)]
+    return {"questions_measured": len(measured), "drift_factor": factor, "corrected_baseline": c["speedup"],
+            "own_baseline": own["speedup"], "width_ratio": width(c) / width(own) if width(own) else None,
+            "residual_log": {"mean": statistics.fmean(rest), "stdev": statistics.stdev(rest)} if len(rest) > 1 else None}
+
+
 def drift(a: dict[str, dict], b: dict[str, dict]) -> dict:
     """The baseline's throughput in run b over run a, question by question."""
     ratios = sorted((b[q]["base_tokens"] / b[q]["base_time"]) / (a[q]["base_tokens"] / a[q]["base_time"])
@@ -103,7 +131,9 @@ def main(cfg: DictConfig) -> None:
                    "(pipelines/bench/baseline_noise.py)", "method": s["method"], "questions": len(second),
            "host": host_record("cpu"), "seconds": seconds,
            "second_over_first": compare(first, second), "first_over_second": compare(second, first),
-           "baseline_drift": drift(first, second)}
+           "baseline_drift": drift(first, second),
+           "corrected": {"second_over_first": corrected(first, second, int(s["correction_questions"])),
+                         "first_over_second": corrected(second, first, int(s["correction_questions"]))}}
     write_json(REPO_ROOT / s["out"], out)
     for name in ("second_over_first", "first_over_second"):
         c = out[name]
@@ -111,6 +141,10 @@ def main(cfg: DictConfig) -> None:
                  c["own_baseline"]["value"], c["own_baseline"]["ci"], c["shared_baseline"]["value"],
                  c["shared_baseline"]["ci"], c["width_ratio"])
     log.info("baseline drift, second run over first, per question: %s", out["baseline_drift"])
+    for name, c in out["corrected"].items():
+        log.info("%s, corrected on %d questions (drift x%.4f): %.3f %s against %.3f %s own", name,
+                 c["questions_measured"], c["drift_factor"], c["corrected_baseline"]["value"],
+                 c["corrected_baseline"]["ci"], c["own_baseline"]["value"], c["own_baseline"]["ci"])
 
 
 if __name__ == "__main__":
