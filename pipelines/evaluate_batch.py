@@ -8,7 +8,8 @@ profile.eval.batch_sizes:
                prompt lookup's chain merged in (<h>-batch_pld)                          -> results/batch/<h>/
 With profile.eval.batch_questions = N, the curve decodes N of those questions, spread over the categories (every
 B and every method the same N, the baseline's included). A B above the number of questions is refused before any
-model loads (it would decode one smaller batch and record it under B). With profile.eval.batch_lookup_sizes set, <h>-batch_pld runs at those B only.
+model loads (it would decode one smaller batch and record it under B). With profile.eval.batch_lookup_sizes set,
+<h>-batch_pld runs at those B only.
 B = 1 is the headline's (evaluate@<h>, references): not decoded again. The first batch
 of each B runs once untimed (warm-up). A batch's record: its questions, its wall seconds (prefills included), each
 answer's tokens and accepted lengths. Every answer must be the references stage's greedy batch-1 answer

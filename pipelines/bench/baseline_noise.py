@@ -96,7 +96,7 @@ def corrected(a: dict[str, dict], b: dict[str, dict], n: int) -> dict:
     scaled = {q: {**a[q], "base_time": a[q]["base_time"] / factor, "base_decode_time": a[q]["base_decode_time"] / factor}
               for q in qs}
     c, own = speed_intervals(over_baseline({q: b[q] for q in qs}, scaled)), speed_intervals(b)
-    rest = [math.log(throughput(b[q]) / (throughput(a[q]) * factor)) for q in qs if q not in set(measured)]
+    rest = [math.log(throughput(b[q]) / (throughput(a[q]) * factor)) for q in sorted(set(qs) - set(measured), key=int)]
     return {"questions_measured": len(measured), "drift_factor": factor, "corrected_baseline": c["speedup"],
             "own_baseline": own["speedup"], "width_ratio": width(c) / width(own) if width(own) else None,
             "residual_log": {"mean": statistics.fmean(rest), "stdev": statistics.stdev(rest)} if len(rest) > 1 else None}
@@ -104,8 +104,7 @@ def corrected(a: dict[str, dict], b: dict[str, dict], n: int) -> dict:
 
 def drift(a: dict[str, dict], b: dict[str, dict]) -> dict:
     """The baseline's throughput in run b over run a, question by question."""
-    ratios = sorted((b[q]["base_tokens"] / b[q]["base_time"]) / (a[q]["base_tokens"] / a[q]["base_time"])
-                    for q in a if q in b)
+    ratios = sorted(throughput(b[q]) / throughput(a[q]) for q in a if q in b)
     return {"questions": len(ratios), "median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
             "stdev": statistics.pstdev(ratios)}
 
