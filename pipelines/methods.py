@@ -128,8 +128,6 @@ def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict
         tree = conf_option("tree", tree_name)
     except ValueError as err:
         raise ValueError(f"profile.eval.trees names {tree_name!r}: {err}") from None
-    if tree.get("kind") == "renamed":
-        tree_from_config(tree)                    # the error that says the new name, before a file is looked for
     node = OmegaConf.merge({"paths": cfg.paths, "heads": {"name": heads_name}}, {"tree": tree})
     return OmegaConf.to_container(node, resolve=True)["tree"]
 

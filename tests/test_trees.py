@@ -90,18 +90,18 @@ def test_the_old_names_of_the_cut_trees_say_their_new_names(old, new):
     only; the old names stop with the new one, from the conf file and from an evaluation's tree list alike."""
     from omegaconf import OmegaConf
 
-    from pipelines.methods import tree_config
+    from pipelines.methods import resolve_tree, tree_config
 
     with pytest.raises(ValueError, match=rf"tree={old} was renamed tree={new} \(a fixed tree cut per step"):
         conf_tree(old)
     cfg = OmegaConf.create({"paths": {"results": "results"}, "heads": {"name": "hydra"}})
     with pytest.raises(ValueError, match=rf"tree={old} was renamed tree={new}"):
-        tree_config(cfg, old, "hydra")
+        resolve_tree(cfg, tree_config(cfg, old, "hydra"), old)
     assert yaml.safe_load((REPO_ROOT / "conf" / "tree" / f"{new}.yaml").read_text())["name"] == new
 
 
 def test_a_misspelt_tree_key_is_refused_naming_it():
-    """Without the check, `top-k: 4` would be dropped and the tree built with its default ranks."""
+    """Without the check, `dpeth: 3` would be dropped and the tree built from whatever else it was given."""
     with pytest.raises(ValueError, match=r"tree 'c': unknown keys \['dpeth'\]; a tree option takes \["):
         tree_from_config({"kind": "chain", "name": "c", "dpeth": 3, "depth": 3})
     for path in sorted((REPO_ROOT / "conf" / "tree").glob("*.yaml")):     # every shipped option passes the check
