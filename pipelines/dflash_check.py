@@ -22,7 +22,6 @@ DSpark logits to tests/golden/speculators_dspark.json (tests/test_dspark.py), an
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from models.engine.drafting import heads_drafter
 from models.engine.taps import final_and_taps
 from models.engine.trees import chain_tree
 from models.methods import export_heads
-from models.methods.dflash.seeded import fit_to_greedy, seeded
+from models.methods.dflash.seeded import fitted_copy, seeded
 from pipelines.common import REPO_ROOT, write_json
 from pipelines.conformance_harness import SPECULATORS_PACKAGES, SPECULATORS_VENV, official_env
 
@@ -137,12 +136,12 @@ def authors_steps(model, heads, work: Path, name: str, prompts: list[list[int]])
 
 
 def trained(model, heads, prompts: list[list[int]], steps: int):
-    """A copy of `heads` fitted to the base's greedy continuations of the prompts (seeded.fit_to_greedy), so that
-    the authors' decoding is compared where drafts get accepted too."""
+    """A copy of `heads` fitted to the base's greedy continuations of the prompts (seeded.fitted_copy: in float64,
+    the same on any CPU), so that the authors' decoding is compared where drafts get accepted too; the golden
+    file's trained case, which tests/test_dflash.py rebuilds the same way."""
     sequences = [p + generate(model, None, p, max_new_tokens=NEW_TOKENS, stop_token_ids=[]).new_tokens
                  for p in prompts]
-    torch.manual_seed(0)
-    return fit_to_greedy(model, copy.deepcopy(heads), sequences, steps)
+    return fitted_copy(model, heads, sequences, steps)
 
 
 def block_outputs(model, heads, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -218,6 +217,10 @@ def write_dspark_golden(library: dict, prompt: list[int], args, path: Path = DSP
     path.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
 
 
+def without_times(runs: list[dict]) -> list[dict]:
+    return [{k: v for k, v in p.items() if k != "seconds"} for p in runs]
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[2])
     ap.add_argument("--seed", type=int, default=0)
@@ -237,7 +240,7 @@ def main(argv=None) -> dict:
     (work / "prompts.json").write_text(json.dumps(prompts))
     steps, official = authors_steps(model, heads, work, "draft", prompts)
     fitted = trained(model, heads, prompts, args.fit_steps)
-    trained_steps, _ = authors_steps(model, fitted, work, "trained", prompts)
+    trained_steps, trained_official = authors_steps(model, fitted, work, "trained", prompts)
     speculators, _ = speculators_check(model, fitted, work, sum(prompts, []))    # 36 tokens: 20 whole blocks
     dspark, library = {}, {}
     for family in DSPARK_FAMILIES:                 # DSpark's export, each Markov kind, the library's `dspark` type
@@ -256,11 +259,13 @@ def main(argv=None) -> dict:
     write_json(REPORT, verdict)
     if verdict["passed"]:
         write_json(GOLDEN, {"about": "the authors' dflash_generate (dflash 0.1.0, greedy) on a seeded DFlash drafter "
-                                     "and an 8-layer tiny Llama: each step's drafted block and produced tokens; "
+                                     "and an 8-layer tiny Llama: each step's drafted block and produced tokens "
+                                     "(official); the same for that drafter fitted fit_steps Adam steps to the "
+                                     "base's greedy continuations in float64 (trained_official, drafts accepted); "
                                      "written by `make dflash-check`",
-                            **{k: v for k, v in vars(args).items() if k != "fit_steps"}, "new_tokens": NEW_TOKENS,
-                            "prompts": prompts,
-                            "official": [{k: v for k, v in p.items() if k != "seconds"} for p in official]})
+                            **vars(args), "new_tokens": NEW_TOKENS, "prompts": prompts,
+                            "official": without_times(official), "trained_official": without_times(trained_official),
+                            "trained_steps_accepting_drafts": trained_steps["steps_accepting_drafts"]})
         write_dspark_golden(library, sum(prompts, []), args)
     print(json.dumps(verdict, indent=2))
     return verdict

@@ -248,12 +248,16 @@ def golden():
     return json.loads((REPO_ROOT / "tests" / "golden" / "dflash_conformance.json").read_text())
 
 
-def replay(golden, tamper=None) -> dict:
-    """Our decoder on the golden file's prompts with its seeded drafter, compared step by step with the authors'."""
+def replay(golden, tamper=None, trained=False) -> dict:
+    """Our decoder on the golden file's prompts with its seeded drafter (trained: that drafter fitted as make
+    dflash-check fits it, in float64, so that some drafts are accepted), compared step by step with the authors'."""
     from models.methods.dflash.seeded import seeded
     from pipelines.dflash_check import compare, our_steps
+    from pipelines.dflash_check import trained as fitted
 
     model, heads = seeded(golden["seed"], golden["layers"], golden["block"])
+    if trained:
+        heads = fitted(model, heads, golden["prompts"], golden["fit_steps"])
     if tamper is not None:
         tamper(heads)
     before = torch.get_num_threads()
@@ -262,7 +266,7 @@ def replay(golden, tamper=None) -> dict:
         ours = our_steps(model, heads, golden["prompts"], golden["new_tokens"])
     finally:
         torch.set_num_threads(before)
-    return compare(ours, golden["official"], golden["block"] - 1)
+    return compare(ours, golden["trained_official" if trained else "official"], golden["block"] - 1)
 
 
 def test_our_dflash_decoder_takes_the_authors_steps(golden):
@@ -273,21 +277,59 @@ def test_our_dflash_decoder_takes_the_authors_steps(golden):
     assert result["steps_compared"] >= 60
 
 
-def test_the_golden_comparison_fails_on_the_wrong_taps_or_positions(golden):
-    def wrong_taps(heads):                                       # the base's states of other layers
-        heads.dflash.taps = tuple(reversed(heads.dflash.taps))
+def test_our_dflash_decoder_takes_the_authors_steps_where_several_drafts_are_accepted(golden):
+    """The golden file's trained case: the same drafter fitted to the base's greedy continuations, so that steps
+    accept several drafts at once (the authors' count of them recorded); every step the same as theirs."""
+    result = replay(golden, trained=True)
+    assert result["identical"], result["first_mismatch"]
+    assert result["steps_accepting_drafts"] == golden["trained_steps_accepting_drafts"] >= 5
+    assert result["steps_compared"] >= 20
 
-    def wrong_positions(heads):              # the block one position further from its context (rotary: relative)
-        forward = heads.dflash.forward
 
-        def shifted(f, b, pos, **kw):
+def wrong_taps(heads):                                           # the base's states of other layers
+    heads.dflash.taps = tuple(reversed(heads.dflash.taps))
+
+
+def wrong_positions(heads):                  # the block one position further from its context (rotary: relative)
+    forward = heads.dflash.forward
+
+    def shifted(f, b, pos, **kw):
+        pos = pos.clone()
+        pos[:, -b.shape[1]:] += 1
+        return forward(f, b, pos, **kw)
+    heads.dflash.forward = shifted
+
+
+def reversed_accepted_rows(heads):           # the features of the positions accepted since the last draft, reversed
+    forward = heads.dflash.forward
+
+    def reversed_rows(f, b, pos, cache=None, **kw):
+        return forward(f.flip(1) if cache is not None and cache.length else f, b, pos, cache=cache, **kw)
+    heads.dflash.forward = reversed_rows
+
+
+def shifted_context_rows(heads):             # several new context rows one position late (a single one kept right)
+    forward = heads.dflash.forward
+
+    def shifted(f, b, pos, cache=None, **kw):
+        if cache is not None and cache.length and f.shape[1] > 1:
             pos = pos.clone()
-            pos[:, -b.shape[1]:] += 1
-            return forward(f, b, pos, **kw)
-        heads.dflash.forward = shifted
+            pos[:, :f.shape[1]] += 1
+        return forward(f, b, pos, cache=cache, **kw)
+    heads.dflash.forward = shifted
 
+
+def test_the_golden_comparison_fails_on_the_wrong_taps_or_positions(golden):
     for tamper in (wrong_taps, wrong_positions):
         assert not replay(golden, tamper)["identical"], tamper.__name__
+
+
+def test_only_the_trained_golden_case_catches_bugs_in_several_accepted_rows(golden):
+    """Reversed accepted rows and shifted context positions change nothing where a step accepts no draft (one new
+    context row a draft after the prompt), so the seeded case passes them; the trained case must not."""
+    for tamper in (reversed_accepted_rows, shifted_context_rows):
+        assert replay(golden, tamper)["identical"], tamper.__name__
+        assert not replay(golden, tamper, trained=True)["identical"], tamper.__name__
 
 
 def test_calibrations_replay_is_what_the_decoder_accepts():
@@ -392,11 +434,12 @@ def test_training_attention_by_blocks_equals_the_dense_block_mask():
     block = torch.full((2, N, bs), module.mask_token_id)
     block[..., 0] = torch.randint(3, 200, (2, N))
     pos = torch.cat([torch.arange(T).expand(2, T), (anchors[..., None] + torch.arange(bs)).view(2, -1)], 1)
+    probe = torch.randn(2, N * bs, model.config.hidden_size)   # not out.square(): after the final norm nearly constant
     runs = []
     for mask in (block_mask(anchors, keep, T, bs), BlockLayout(anchors, keep, T, bs)):
         module.zero_grad()
         out = module(features, block.view(2, -1), pos, mask=mask)
-        out.square().sum().backward()
+        (out * probe).sum().backward()
         runs.append((out.detach(), [p.grad.clone() for p in module.parameters() if p.grad is not None]))
     (dense, dense_grads), (blocks, block_grads) = runs
     torch.testing.assert_close(blocks, dense, rtol=1e-4, atol=1e-5)

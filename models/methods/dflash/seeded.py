@@ -5,8 +5,11 @@ accepting path too, not only on rejections).
     model, heads = seeded(seed=0, layers=2, block=16)          # an 8-layer tiny Llama and a drafter on it
     model, heads = seeded(0, 2, 8, family="dspark_rnn")        # DSpark: its Markov and confidence heads drawn too
     fit_to_greedy(model, heads, sequences, steps=60)           # every block position to the base's greedy token
+    fitted = fitted_copy(model, heads, sequences, steps=12)    # the same on a float64 copy, the same on any CPU
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -64,3 +67,15 @@ def fit_to_greedy(model, heads, sequences: list[list[int]], steps: int, lr: floa
         opt.step()
     heads.eval()
     return heads
+
+
+def fitted_copy(model, heads, sequences: list[list[int]], steps: int):
+    """A float32 copy of `heads` fitted by fit_to_greedy in float64 (base and drafter), so that it comes out the same
+    on every CPU: in float32 the kernels' summation order differs between AVX2 and AVX-512 machines, and Adam turns
+    a gradient that is rounding noise into a whole step (so the golden file's trained case replays anywhere)."""
+    wide = copy.deepcopy(model).double()
+    fitted = copy.deepcopy(heads).double()
+    fitted.attach(wide)          # its LM head; the embedding's rows are exact in either width
+    torch.manual_seed(0)
+    fit_to_greedy(wide, fitted, sequences, steps)
+    return fitted.float().attach(model)
