@@ -154,16 +154,24 @@ def rates_from_run(seconds: dict[str, float], work: dict[str, tuple[str, float]]
     return {s: t / plain_step_s / work[s][1] for s, t in seconds.items() if s in work and work[s][1] and t}
 
 
+def is_training(stage: str) -> bool:
+    return stage.startswith("train@")
+
+
 def rate_for(stage: str, rates: dict[str, dict]) -> dict | None:
     """A stage's rate entry; a stage the rate run did not have takes its kind's (train@dflash: the mean of the
     train@ rates), marked as borrowed."""
     if stage in rates:
         return rates[stage]
     kind = stage.split("@")[0] + "@"
-    same = [r["plain_steps_per_unit"] for s, r in rates.items() if s.startswith(kind)]
+    same = [r for s, r in rates.items() if s.startswith(kind)]
     if "@" not in stage or not same:
         return None
-    return {"plain_steps_per_unit": sum(same) / len(same), "source": f"mean of the {kind} stages' rates"}
+    rate = {"plain_steps_per_unit": sum(r["plain_steps_per_unit"] for r in same) / len(same),
+            "source": f"mean of the {kind} stages' rates"}
+    if all(r.get("train_steps_per_unit") for r in same):
+        rate["train_steps_per_unit"] = sum(r["train_steps_per_unit"] for r in same) / len(same)
+    return rate
 
 
 @dataclass
@@ -178,13 +186,22 @@ class Row:
 
 
 def project(work: dict[str, tuple[str, float]], rates: dict[str, dict], plain_step_s: float,
-            weight_read_s: float) -> list[Row]:
-    """Each stage's cost here: amount x plain steps per unit, in this machine's seconds and weight reads."""
+            weight_read_s: float, train_step_s: float | None = None) -> list[Row]:
+    """Each stage's cost here: amount x plain steps per unit, in this machine's seconds and weight reads. A train
+    stage whose rate also counts train steps (one forward and backward of the base, models/measure/latency.py
+    train_step_seconds) goes through this machine's train step when it is known: training is compute-bound and
+    does not follow the plain step between machines."""
     rows = []
     for stage, (unit, amount) in work.items():
         rate = rate_for(stage, rates)
         if rate is None:
             rows.append(Row(stage, unit, amount, None, None, None, "no rate"))
+            continue
+        if train_step_s and is_training(stage) and rate.get("train_steps_per_unit"):
+            seconds = amount * rate["train_steps_per_unit"] * train_step_s
+            steps = seconds / plain_step_s
+            rows.append(Row(stage, unit, amount, steps, seconds, seconds / weight_read_s,
+                            f"{rate.get('source', '')}, through the train step"))
             continue
         steps = amount * rate["plain_steps_per_unit"]
         seconds = steps * plain_step_s

@@ -37,7 +37,8 @@ from models.measure.calibration import (accuracy_table, choose_budget, empirical
                                 batch_draft_timings)
 from models.engine.path_choice import applied_paths, prepare_for_decoding
 from models.hardware import host_record, machine_description
-from models.measure.latency import batch_verify_profile, interpolate_cost, verify_latency_profile, weight_read_seconds
+from models.measure.latency import (batch_verify_profile, interpolate_cost, train_step_seconds, verify_latency_profile,
+                                    weight_read_seconds)
 from models.engine.trees import TreeSpec, chain_tree, tree_from_config
 from pipelines.calibrate_batch import BATCH_FILE, batch_choices, write_batch_trees
 from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
@@ -80,6 +81,7 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
               "baseline_step_s": prof["forward_lm_head_s"][sizes.index(1)],          # 1 token + LM head + argmax
               "all_forward_lm_head_s": prof["all_forward_lm_head_s"]}
     record["weight_read"] = weight_read_seconds(model, int(c.latency_repeats))     # the memory-bound floor
+    record["train_step"] = train_step_seconds(model)     # the compute-bound unit the train stages' rates are read in
     record["omp_wait"] = host_record(device)["omp_wait"]          # worth a quarter of a quiet CPU step (docs/engine.md)
     record["paths"] = applied_paths(model)      # the CPU paths measured fastest here (models/engine/path_choice.py)
     batch_sizes = [int(b) for b in (c.get("batch_sizes") or [1])]
@@ -91,7 +93,8 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
     # the machine's two units, committed with the run: the cost model's rates are read against them
     # (python -m pipelines.cost --rates)
     write_json(Path(cfg.paths.reports) / "metrics" / "calibrate_latency.json",
-               {k: record[k] for k in ("model", "machine", "baseline_step_s", "weight_read", "omp_wait", "paths", "run")})
+               {k: record[k] for k in ("model", "machine", "baseline_step_s", "weight_read", "train_step", "omp_wait", "paths",
+                                "run")})
     plot_latency(record, latency_path(cfg).with_suffix(".png"))
     return record
 

@@ -109,3 +109,45 @@ def test_the_rates_file_names_its_run_and_every_stage_of_the_default_run():
     plan = cost.plan_for(cost.compose([]))
     missing = [s for s in stage_work(plan) if rate_for(s, rates["rates"]) is None]
     assert missing == []
+
+
+def test_a_train_stage_goes_through_the_train_step_where_its_rate_counts_one():
+    work = {"train@h1": ("training positions x epochs", 1000.0), "references": ("new tokens decoded", 100.0)}
+    rates = {"train@h1": {"plain_steps_per_unit": 0.1, "train_steps_per_unit": 0.01, "source": "measured"},
+             "references": {"plain_steps_per_unit": 1.0, "train_steps_per_unit": 5.0, "source": "measured"}}
+    rows = {r.stage: r for r in project(work, rates, plain_step_s=0.05, weight_read_s=0.025, train_step_s=2.0)}
+    assert rows["train@h1"].seconds == pytest.approx(1000 * 0.01 * 2.0)        # 10 train steps of 2 s
+    assert rows["train@h1"].plain_steps == pytest.approx(20 / 0.05)
+    assert rows["train@h1"].source.endswith("through the train step")
+    assert rows["references"].seconds == pytest.approx(100 * 1.0 * 0.05)      # decoding keeps the plain step
+    # a machine that did not measure its train step: the plain step carries training too
+    rows = {r.stage: r for r in project(work, rates, plain_step_s=0.05, weight_read_s=0.025)}
+    assert rows["train@h1"].seconds == pytest.approx(1000 * 0.1 * 0.05)
+    # a borrowed rate keeps the train step only where every rate of its kind has one
+    assert rate_for("train@h2", rates)["train_steps_per_unit"] == 0.01
+    assert "train_steps_per_unit" not in rate_for("train@h3", {**rates, "train@h2": {"plain_steps_per_unit": 0.2}})
+
+
+def test_rates_from_a_run_in_progress_replace_only_the_stages_its_commits_ran(tmp_path):
+    params = cost.REPO_ROOT / "params.yaml"
+    work = stage_work(cost.plan_for(cost.OmegaConf.create(cost.yaml.safe_load(params.read_text()))))
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    run = {"commit": "abc1234def", "cpu": "Test CPU", "cpu_flags": []}
+    (metrics / "calibrate_latency.json").write_text(json.dumps(
+        {"baseline_step_s": 0.04, "weight_read": {"seconds": 0.02}, "train_step": {"seconds": 0.5},
+         "run": {**run, "wall_time_s": 80.0}}))
+    (metrics / "train_medusa1.json").write_text(json.dumps({"run": {**run, "wall_time_s": 400.0}}))
+    (metrics / "evaluate_medusa1.json").write_text(json.dumps({"run": {"commit": "0ld0000", "wall_time_s": 9.0}}))
+    old = tmp_path / "rates.json"
+    old.write_text(json.dumps({"source": {"commit": "0ld0000", "plain_step_s": 0.1},
+                               "rates": {"evaluate@medusa1": {"plain_steps_per_unit": 0.7, "source": "measured at 0ld0000"},
+                                         "references": {"plain_steps_per_unit": 0.9, "source": "measured at 0ld0000"}}}))
+    rec = cost.write_rates(params, metrics, out=old, commits=["abc1234"])
+    r = rec["rates"]
+    assert r["evaluate@medusa1"]["plain_steps_per_unit"] == 0.7 and r["references"]["plain_steps_per_unit"] == 0.9
+    amount = work["train@medusa1"][1]
+    assert r["train@medusa1"]["plain_steps_per_unit"] == pytest.approx(400 / 0.04 / amount)
+    assert r["train@medusa1"]["train_steps_per_unit"] == pytest.approx(400 / 0.5 / amount)
+    assert "Test CPU" in r["train@medusa1"]["source"] and "train_steps_per_unit" not in r["calibrate_latency"]
+    assert rec["source"]["commit"] == "0ld0000" and rec["source"]["updated_from"]["commits"] == ["abc1234"]

@@ -126,6 +126,39 @@ def weight_read_seconds(model, repeats: int = 7) -> dict:
     return {"seconds": seconds, "bytes": size, "gb_per_s": size / seconds / 1e9}
 
 
+def train_step_seconds(model, positions: int = 128, repeats: int = 2, bf16: bool | None = None) -> dict:
+    """The compute-bound unit the train stages scale with: one forward and backward of the whole base over one
+    sequence of `positions` tokens, its LM head included, under the autocast a CPU trainer picks here (bf16 where
+    the CPU multiplies bf16 in hardware, else float32), median of repeats -> {"seconds", "positions", "dtype"}.
+    A plain step is memory-bound and does not follow a machine's matmul throughput, which training does."""
+    from models.hardware import cpu_has_fast_bf16
+
+    device = next(model.parameters()).device
+    if bf16 is None:
+        bf16 = device.type == "cuda" or cpu_has_fast_bf16()
+    ids = torch.randint(0, int(model.config.vocab_size), (1, positions), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+    grads = {p: p.requires_grad for p in model.parameters()}
+    times = []
+    try:
+        for p in model.parameters():                                  # the weights' gradients, as Medusa-2's
+            p.requires_grad_(True)                                    # joint stage computes them
+        for rep in range(repeats + 1):                                # round 0 warms up
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(input_ids=ids, use_cache=False).logits
+            logits.float().logsumexp(-1).mean().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep:
+                times.append(time.perf_counter() - t0)
+    finally:
+        for p, g in grads.items():
+            p.grad = None
+            p.requires_grad_(g)
+    return {"seconds": statistics.median(times), "positions": positions, "dtype": "bf16" if bf16 else "float32"}
+
+
 def interpolate_cost(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
     """Piecewise-linear in the number of tokens; linear extrapolation from the last two points beyond."""
     x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
