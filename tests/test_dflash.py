@@ -29,9 +29,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 
 
-def dflash_heads(model, block=8, layers=2, seed=0):
+def dflash_heads(model, block=8, layers=2, seed=0, mask_token_id=None):
     torch.manual_seed(seed)
-    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True,
+                                  mask_token_id=mask_token_id)
     return build_heads(config, model).eval()
 
 
@@ -181,7 +182,7 @@ def test_the_export_holds_the_authors_names_and_config(tmp_path):
     from models.methods import export_heads
 
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    heads = dflash_heads(model, block=16, layers=2)
+    heads = dflash_heads(model, block=16, layers=2, mask_token_id=model.config.vocab_size - 1)
     export_heads(heads, model, tmp_path, "dflash")
     state, config = load_file(str(tmp_path / "model.safetensors")), json.loads((tmp_path / "config.json").read_text())
     per_layer = {f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")} | \
@@ -209,7 +210,7 @@ def test_the_speculators_export_is_its_dflash_type_and_eagle3s_stays_its_own(tmp
     from models.shared.draft_vocab import most_frequent
 
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    heads = dflash_heads(model, block=16, layers=2)
+    heads = dflash_heads(model, block=16, layers=2, mask_token_id=3)
     export_heads(heads, model, tmp_path / "full", "speculators")
     state = load_file(str(tmp_path / "full" / "model.safetensors"))
     config = json.loads((tmp_path / "full" / "config.json").read_text())
@@ -225,7 +226,7 @@ def test_the_speculators_export_is_its_dflash_type_and_eagle3s_stays_its_own(tmp
 
     ids = most_frequent(torch.arange(model.config.vocab_size, 0, -1), 100)
     config = HeadsConfig.for_base(model, "dflash", num_heads=15, num_layers=2, share_lm_head=True,
-                                  draft_vocab_size=100)
+                                  draft_vocab_size=100, mask_token_id=3)
     small = build_heads(config, model, ids).eval()
     export_heads(small, model, tmp_path / "draft_vocab", "speculators")
     state = load_file(str(tmp_path / "draft_vocab" / "model.safetensors"))

@@ -25,10 +25,11 @@ KINDS = {"dspark": "vanilla", "dspark_gated": "gated", "dspark_rnn": "rnn"}
 TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 
 
-def dspark_heads(model, family="dspark", block=6, seed=0, bias_scale=0.0):
+def dspark_heads(model, family="dspark", block=6, seed=0, bias_scale=0.0, mask_token_id=None):
     """Heads whose Markov W2 is drawn at `bias_scale` (a bias that moves the drafts), or zero (no bias at all)."""
     torch.manual_seed(seed)
-    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=2, share_lm_head=True)
+    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=2, share_lm_head=True,
+                                  mask_token_id=mask_token_id)
     heads = build_heads(config, model).eval()
     with torch.no_grad():
         heads.markov.w2.weight.normal_(0.0, bias_scale) if bias_scale else heads.markov.w2.weight.zero_()
@@ -236,7 +237,7 @@ def test_the_speculators_export_is_the_librarys_dspark_type(tmp_path, family):
     from models.methods import export_heads
 
     model, _ = build_tiny_model(seed=0)
-    heads = dspark_heads(model, family, bias_scale=0.5)
+    heads = dspark_heads(model, family, bias_scale=0.5, mask_token_id=model.config.vocab_size - 1)
     export_heads(heads, model, tmp_path, "speculators")
     state = load_file(str(tmp_path / "model.safetensors"))
     config = json.loads((tmp_path / "config.json").read_text())

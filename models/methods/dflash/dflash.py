@@ -19,7 +19,13 @@ The context is not normed by the layer's own input norm, as in the authors' Qwen
 dflash/model.py Qwen3DFlashAttention). The layers are Llama-sized from the base (models/shared/layer_config.py) with
 the authors' per-head q/k norms; their Linears are initialised normal(0, the base's initializer_range), every norm at
 one. A draft cache keeps the context's keys and values from one draft to the next (DFlashCache); the block's are
-cropped off after each draft. The mask token is the base vocabulary's last id unless given. float32.
+cropped off after each draft. float32.
+
+The mask token is the drafter's own by default: id vocab_size, one past the base's vocabulary, embedded by a learned
+`mask_embedding` that starts at the mean of the base's embedding rows (where transformers starts a token added to a
+vocabulary), so that no real token of the base stands for "not drafted yet". Given an id of the base's vocabulary
+(heads.mask_token_id), the mask takes that token's frozen row, as the authors' and the serving engines' checkpoints
+do (their formats embed the mask with the base's table: check_base_mask).
 """
 from __future__ import annotations
 
@@ -172,7 +178,11 @@ class DFlashModule(nn.Module):
         config = layer_config(base_model.config)
         h = config.hidden_size
         self.base_config, self.block_size = base_model.config, int(block_size)
-        self.mask_token_id = int(base_model.config.vocab_size - 1 if mask_token_id is None else mask_token_id)
+        V = self.vocab_size = int(base_model.config.vocab_size)
+        if mask_token_id is not None and not 0 <= int(mask_token_id) < V:
+            raise ValueError(f"heads.mask_token_id={mask_token_id!r} is not accepted; it takes null (the drafter's "
+                             f"own mask token, id {V}) or an id of the base's vocabulary, 0 to {V - 1}")
+        self.mask_token_id = V if mask_token_id is None else int(mask_token_id)
         L = base_model.config.num_hidden_layers
         self.target_layer_ids = build_target_layer_ids(L, num_layers)
         self.taps = dflash_taps(L, num_layers)
@@ -189,6 +199,9 @@ class DFlashModule(nn.Module):
                     m.weight.normal_(0.0, std)
                 elif isinstance(m, LlamaRMSNorm):
                     m.weight.fill_(1.0)
+        table = base_model.get_input_embeddings().weight
+        self.mask_embedding = None if mask_token_id is not None else \
+            nn.Parameter(table.detach().float().mean(0).to(table.device))             # [h], the own token's row
 
     @classmethod
     def from_base(cls, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
@@ -204,9 +217,17 @@ class DFlashModule(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def own_mask(self) -> bool:
+        """Whether the mask is the drafter's own token (id vocab_size, mask_embedding), not a row of the base."""
+        return self.mask_embedding is not None
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The base's frozen rows; the own mask token (id vocab_size) its learned mask_embedding."""
+        own = tokens == self.vocab_size if self.own_mask else None
         with torch.no_grad():
-            return self._base["embed"](tokens).to(self.dtype)
+            x = self._base["embed"](tokens if own is None else tokens.masked_fill(own, 0)).to(self.dtype)
+        return x if own is None else torch.where(own[..., None], self.mask_embedding.to(x.dtype), x)
 
     def new_cache(self) -> DFlashCache:
         return DFlashCache(len(self.layers))

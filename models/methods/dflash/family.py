@@ -27,8 +27,9 @@ class DFlashHeads(DraftHeads):
 
     def build_parts(self, base_model) -> None:
         if self.dflash is None:
-            self.dflash = DFlashModule.from_base(base_model, self.config.num_layers,
-                                                 block_size=self.config.num_heads + 1).train(self.training)
+            c = self.config
+            self.dflash = DFlashModule.from_base(base_model, c.num_layers, block_size=c.num_heads + 1,
+                                                 mask_token_id=c.mask_token_id).train(self.training)
 
     @property
     def draft_module(self) -> nn.Module | None:
@@ -39,6 +40,12 @@ class DFlash(HeadFamily):
     """A block drafted in one forward; the blocks per head are empty (the module drafts every position)."""
     name = "dflash"
     heads_class = DFlashHeads
+    block_drafter = True
+
+    def config_from_file(self, raw: dict) -> dict:
+        """A heads_config.json from before heads.mask_token_id existed: its drafter was trained with the base's last
+        id as the mask (the module's fixed choice then)."""
+        return raw if "mask_token_id" in raw else {**raw, "mask_token_id": raw["vocab_size"] - 1}
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
         return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])

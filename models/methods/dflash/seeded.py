@@ -27,7 +27,8 @@ def seeded(seed: int, layers: int, block: int, family: str = "dflash"):
     torch.Generator(seed): norms about 1, matrices scaled by their fan-in; DSpark's Markov embedding at unit scale,
     so that its bias moves the logits."""
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=layers, share_lm_head=True,
+                                  mask_token_id=model.config.vocab_size - 1)   # the golden files' mask
     heads = build_heads(config, METHODS[family], model).eval()
     parts = {"dflash": heads.dflash}
     if getattr(heads, "markov", None) is not None:

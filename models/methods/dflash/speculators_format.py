@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from models.methods.dflash.dflash_format import dflash_config, to_file_key
+from models.methods.dflash.dflash_format import check_base_mask, dflash_config, to_file_key
 from models.shared.draft_vocab import vocab_maps
 from models.shared.formats import Format, write_files
 from models.shared.speculators import SPECULATORS_VERSION, check_taps, verifier_of
@@ -92,6 +92,7 @@ def speculators_dflash_config(heads, base_model, verifier: dict | None = None) -
 
 
 def write_speculators_dflash(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
+    check_base_mask(heads.dflash, "speculators")
     state = speculators_dflash_state(heads)
     config = speculators_dflash_config(heads, base_model)
     notes = [f"verifier {config['speculators_config']['verifier']['name_or_path']!r}: vLLM and speculators load "
