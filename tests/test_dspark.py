@@ -123,7 +123,7 @@ def test_training_lowers_the_loss_and_trains_the_confidence_head(tmp_path):
     assert heads.markov.w2.weight.abs().sum() > 0                    # the bias trained off zero
     with torch.no_grad():
         _, _, extra_after = module.compute(batch)
-    assert extra_after["extra_loss"] < extra_before["extra_loss"]   # the confidence head learned its labels
+    assert extra_after["confidence_loss"] < extra_before["confidence_loss"]   # the confidence head learned its labels
     drafts_losslessly(model, tok, heads)
 
 

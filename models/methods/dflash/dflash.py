@@ -170,7 +170,8 @@ class DFlashModule(nn.Module):
     """fc (len(taps) * h -> h, no bias) and hidden_norm over the base's tapped features, the draft layers, the final
     norm, a Llama rotary embedding of the base's settings; the base's embedding by reference (frozen, not saved)."""
 
-    def __init__(self, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None):
+    def __init__(self, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
+                 sample_from_anchor: bool = False):
         super().__init__()
         if num_layers < 1 or block_size < 2:
             raise ValueError(f"a DFlash drafter needs at least 1 layer and a block of 2 or more tokens; got "
@@ -183,6 +184,7 @@ class DFlashModule(nn.Module):
             raise ValueError(f"heads.mask_token_id={mask_token_id!r} is not accepted; it takes null (the drafter's "
                              f"own mask token, id {V}) or an id of the base's vocabulary, 0 to {V - 1}")
         self.mask_token_id = V if mask_token_id is None else int(mask_token_id)
+        self.sample_from_anchor = bool(sample_from_anchor)
         L = base_model.config.num_hidden_layers
         self.target_layer_ids = build_target_layer_ids(L, num_layers)
         self.taps = dflash_taps(L, num_layers)
@@ -205,17 +207,29 @@ class DFlashModule(nn.Module):
 
     @classmethod
     def from_base(cls, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
-                  seed: int | None = None) -> "DFlashModule":
+                  seed: int | None = None, sample_from_anchor: bool = False) -> "DFlashModule":
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            module = cls(base_model, num_layers, block_size, mask_token_id)
+            module = cls(base_model, num_layers, block_size, mask_token_id, sample_from_anchor)
         device = base_model.get_input_embeddings().weight.device
         return module.to(device=device, dtype=torch.float32).train(False)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
+
+    @property
+    def first_slot(self) -> int:
+        """The block slot that drafts the token after the root: 1 (slot k drafts the token k after the anchor, the
+        authors' alignment), or 0 with sample_from_anchor (slot k the token k + 1 after it, the speculators library's
+        DSpark default: every slot drafts)."""
+        return 0 if self.sample_from_anchor else 1
+
+    @property
+    def depths(self) -> int:
+        """How deep a block drafts: its slots from first_slot on."""
+        return self.block_size - self.first_slot
 
     @property
     def own_mask(self) -> bool:
@@ -247,16 +261,17 @@ class DFlashModule(nn.Module):
                with_anchor: bool = False) -> list[torch.Tensor]:
         """The drafts of every position of whole sequences, as decoding drafts them there (calibration's ranks; the
         autoregressive modules' unroll has the same layout). features [B, T, w] of positions 0..T-1, input_ids
-        [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is block position k + 1 of the whole block rooted at
-        x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk` at a time, each seeing its own
-        context only (block_mask). with_anchor: slot 0's (the root's) output first, then the `depths` entries."""
+        [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is the slot drafting depth k + 1 (first_slot + k)
+        of the whole block rooted at x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk`
+        at a time, each seeing its own context only (block_mask). with_anchor: every slot from slot 0 (the root's)
+        to the deepest drafting one, first_slot + depths entries."""
         B, T, _ = features.shape
         bs = self.block_size
-        if not 1 <= depths <= bs - 1:
-            raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {bs - 1} deep, not {depths}")
-        first = 0 if with_anchor else 1                                                   # the first slot kept
+        if not 1 <= depths <= self.depths:
+            raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {self.depths} deep, not {depths}")
+        first = 0 if with_anchor else self.first_slot                                     # the first slot kept
         out = [features.new_zeros(B, T - 1, self.norm.weight.shape[0], dtype=self.dtype)
-               for _ in range(depths + 1 - first)]
+               for _ in range(depths + self.first_slot - first)]
         steps = torch.arange(bs, device=features.device)
         for c in range(0, T - 1, chunk):
             rows = torch.arange(c, min(c + chunk, T - 1), device=features.device)        # [N]
