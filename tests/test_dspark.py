@@ -167,9 +167,9 @@ def test_the_train_stage_trains_heads_dspark(stage_cfg):                        
 
     cfg = stage_cfg("dspark_rnn")
     metrics = run_train(cfg)
-    assert metrics["family"] == "dspark_rnn" and set(metrics["val_top1"]) == {f"head{k}" for k in range(6)}
+    assert metrics["family"] == "dspark_rnn" and set(metrics["val_top1"]) == {f"head{k}" for k in range(7)}
     _, heads = load_heads(f"{cfg.paths.results}/heads/dspark_rnn", build_tiny_model()[0])
-    assert heads.markov.kind == "rnn" and heads.dflash.block_size == 7
+    assert heads.markov.kind == "rnn" and heads.dflash.block_size == 7 and heads.dflash.first_slot == 0
 
 
 def test_the_per_step_cut_reads_the_confidence_head():

@@ -56,6 +56,10 @@ def dflash_config(module, base_config) -> dict:
 def write_dflash(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
     module = heads.dflash
     check_base_mask(module, "dflash")
+    if module.sample_from_anchor:
+        raise ValueError("export.format=dflash: the authors' DFlash format has no sample_from_anchor (its slot k "
+                         "drafts the token k after the anchor); these heads were trained with "
+                         "heads.sample_from_anchor=true; export them with export.format=speculators, which carries it")
     rope = dict(getattr(base_model.config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"the authors' DFlash layer is a Qwen3 layer with the default rotary embedding; this base "

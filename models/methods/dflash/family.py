@@ -27,9 +27,10 @@ class DFlashHeads(DraftHeads):
 
     def build_parts(self, base_model) -> None:
         if self.dflash is None:
-            c = self.config
-            self.dflash = DFlashModule.from_base(base_model, c.num_layers, block_size=c.num_heads + 1,
-                                                 mask_token_id=c.mask_token_id).train(self.training)
+            c = self.config       # num_heads: the depths drafted, one slot fewer than the block without
+            self.dflash = DFlashModule.from_base(     # sample_from_anchor (slot 0, the anchor, drafts nothing)
+                base_model, c.num_layers, block_size=c.num_heads + (0 if c.sample_from_anchor else 1),
+                mask_token_id=c.mask_token_id, sample_from_anchor=c.sample_from_anchor).train(self.training)
 
     @property
     def draft_module(self) -> nn.Module | None:
