@@ -59,3 +59,37 @@ def test_the_confidence_target_is_detached_and_the_head_gets_its_gradient():
     conf_only.backward()
     assert logits.grad is None or logits.grad.abs().max() == 0     # 1 - TV is a label, as the library's
     assert confidence.grad.abs().sum() > 0
+
+
+def replays_the_librarys_loss(kind: str) -> float:
+    """The largest difference between our DSpark training loss (pipelines/dflash_check.py our_dspark_loss: the
+    training module's block_loss on the library's anchors) and the library's own, recorded in
+    tests/golden/speculators_dspark.json by make dflash-check, over both targets (teacher, one_hot) and both figures
+    (total, confidence)."""
+    import json
+
+    from models.methods.dflash.seeded import seeded
+    from pipelines.dflash_check import DSPARK_GOLDEN, loss_difference, our_dspark_loss
+
+    g = json.loads(DSPARK_GOLDEN.read_text())
+    theirs = g["kinds"][kind]
+    model, heads = seeded(g["seed"], g["layers"], g["block"], family=theirs["family"],
+                          sample_from_anchor=theirs["sample_from_anchor"])
+    ours = our_dspark_loss(model, heads, torch.tensor(g["prompt"])[None], theirs["anchors"], theirs["gamma"],
+                           theirs["confidence_alpha"])
+    return loss_difference(ours, theirs["loss"])
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark_gated", "dspark_rnn", "dspark_rnn_from_anchor"])
+def test_our_loss_is_the_librarys_on_the_golden_drafters_and_not_with_dflashs_reduction(kind, monkeypatch):
+    """Within 1e-6 of the library's loss on each seeded kind; divided by the weights' sum instead of the count (main's
+    reduction before), it is not."""
+    import models.methods.dflash.dspark_training as training
+
+    assert replays_the_librarys_loss(kind) <= 1e-6
+    real = training.dspark_loss
+
+    def by_the_weights_sum(logits, confidence, index, weight, *args, **kwargs):
+        return real(logits, confidence, index, weight * (weight > 0).sum() / weight.sum(), *args, **kwargs)
+    monkeypatch.setattr(training, "dspark_loss", by_the_weights_sum)
+    assert replays_the_librarys_loss(kind) > 1e-3
