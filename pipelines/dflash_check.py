@@ -16,9 +16,10 @@ the library loads every key and gives our logits within 1e-5 with the same argma
 each Markov kind (vanilla, gated, rnn; and the rnn with sample_from_anchor, every slot drafting), written with
 export.format=speculators, is loaded as the library's `dspark` type and run through its own forward, and must give
 our biased logits and confidence logits within 1e-5 with the same argmax, and its loss (its eager terms, against its
-verifier's distribution and against one-hot tokens) our training's within 1e-6. Writes reports/dflash_check.json, the authors' steps for the seeded drafter to
-tests/golden/dflash_conformance.json (which tests/test_dflash.py replays without the package) and the library's
-DSpark logits to tests/golden/speculators_dspark.json (tests/test_dspark.py), and exits non-zero when a check fails.
+verifier's distribution and against one-hot tokens) our training's within 1e-6. Writes reports/dflash_check.json, the
+authors' steps for the seeded drafter to tests/golden/dflash_conformance.json (which tests/test_dflash.py replays
+without the package) and the library's DSpark logits and loss to tests/golden/speculators_dspark.json
+(tests/test_dspark.py, tests/test_dspark_loss.py), and exits non-zero when a check fails.
 """
 from __future__ import annotations
 

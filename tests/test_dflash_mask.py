@@ -58,7 +58,7 @@ def test_a_base_id_takes_the_bases_frozen_row():
 def test_a_mask_id_outside_the_vocabulary_is_refused_naming_it(bad):
     model, _ = build_tiny_model(seed=0)
     V = model.config.vocab_size
-    with pytest.raises(ValueError, match=rf"heads.mask_token_id={bad!r} is not accepted; it takes null .* 0 to {V - 1}"):
+    with pytest.raises(ValueError, match=rf"heads.mask_token_id={bad!r} is not accepted; it takes null .* to {V - 1}"):
         HeadsConfig.for_base(model, "dflash", num_heads=3, share_lm_head=True, mask_token_id=bad)
     with pytest.raises(ValueError, match=r"heads.mask_token_id=.* is not accepted"):
         HeadsConfig.for_base(model, "dflash", num_heads=3, share_lm_head=True, mask_token_id=V)

@@ -89,8 +89,8 @@ class DraftHeads(nn.Module):
             raise ValueError(f"heads of family {config.family!r} built with the method {method.name!r}")
         self.config, self.method = config, method
         if not method.family.block_drafter and (config.mask_token_id is not None or config.sample_from_anchor):
-            raise ValueError(f"heads.mask_token_id and heads.sample_from_anchor are a block drafter's (dflash, dspark); "
-                             f"family {config.family!r} takes neither (got {config.mask_token_id!r}, "
+            raise ValueError(f"heads.mask_token_id and heads.sample_from_anchor are a block drafter's (dflash, "
+                             f"dspark); family {config.family!r} takes neither (got {config.mask_token_id!r}, "
                              f"{config.sample_from_anchor!r})")
         h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
         self.family = method.family

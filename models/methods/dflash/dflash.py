@@ -14,7 +14,8 @@ Per layer, with x the block's hidden states [Q, h] and c = hidden_norm(fc(featur
     k = k_norm(k_proj([c ; input_layernorm(x)])),  v = v_proj([c ; input_layernorm(x)])   rotary at [ctx ; block]
     x = x + o_proj(attention(q, cached k, v ; k, v)),  x = x + mlp(post_attention_layernorm(x))
 
-and the output is norm(x); block position i >= 1 scores the token at that position through the base's LM head.
+and the output is norm(x); block position i >= 1 scores the token at that position through the base's LM head (with
+sample_from_anchor, position i the token at i + 1, slot 0 drafting too: first_slot).
 The context is not normed by the layer's own input norm, as in the authors' Qwen3-style layers (dflash 0.1.0,
 dflash/model.py Qwen3DFlashAttention). The layers are Llama-sized from the base (models/shared/layer_config.py) with
 the authors' per-head q/k norms; their Linears are initialised normal(0, the base's initializer_range), every norm at

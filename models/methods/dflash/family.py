@@ -1,7 +1,8 @@
 """DFlash's family and heads module: the draft module (models/methods/dflash/dflash.py) held as `heads.dflash`, built
 from the base on the first attach, scored by the heads' LM head (the base's, shared, over the draft vocabulary, as the
-authors score the draft with the target's). `num_heads` is the block's drafted positions (block size - 1), each a
-"head" for the validation metrics and for the trees drafted from each position's top-k; `num_layers` its layers.
+authors score the draft with the target's). `num_heads` is the block's drafting slots (block size - 1; the block size
+with heads.sample_from_anchor, where slot 0 drafts too), each a "head" for the validation metrics and for the trees
+drafted from each position's top-k; `num_layers` its layers.
 
     heads = models.methods.build_heads(HeadsConfig.for_base(model, family="dflash", num_heads=15, num_layers=2,
                                                             share_lm_head=True), model)

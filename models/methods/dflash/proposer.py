@@ -6,9 +6,10 @@ draft other tokens than training and calibration saw (near the length limit the 
 it, so there our drafts can differ from theirs, never the output). Its keys and values are the context's (the
 base's tapped features of the accepted positions, cached from one draft to the next; the ones accepted since the
 last draft are run with this block) and the block's own. Its first D drafting slots are read (from slot 1, or from
-slot 0 with heads.sample_from_anchor): the d-th scores the token d positions below the root, so every node at depth d - 1 gets the same children, as Medusa's heads give
-them: a chain takes the argmax of each position (the authors' dflash_generate), a tree each position's top-k. After
-the draft the block's keys and values are cropped off, so the cache holds the accepted positions only.
+slot 0 with heads.sample_from_anchor): the d-th scores the token d positions below the root, so every node at depth
+d - 1 gets the same children, as Medusa's heads give them: a chain takes the argmax of each position (the authors'
+dflash_generate), a tree each position's top-k. After the draft the block's keys and values are cropped off, so the
+cache holds the accepted positions only.
 """
 from __future__ import annotations
 
