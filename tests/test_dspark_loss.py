@@ -50,6 +50,20 @@ def test_the_teacher_term_is_the_kl_to_the_bases_distribution_and_the_confidence
         dspark_loss(logits, confidence, index, weight, None, teacher_weight=1.0)
 
 
+def test_a_token_outside_the_draft_vocabulary_keeps_its_teacher_term_and_drops_its_lm_term():
+    """As the library keeps every slot of its mask: with the teacher's distribution the slot counts and is trained
+    on it; the one-hot term has no target there, so it skips it; with one-hot targets alone it may not be given."""
+    logits, confidence, index, weight, teacher = slots(3)
+    index[0, 0] = -1                                                # its distilled token outside the vocabulary
+    _, both, _ = dspark_loss(logits, confidence, index, weight, teacher, lm_weight=1.0, teacher_weight=1.0)
+    _, soft, _ = dspark_loss(logits, confidence, index, weight, teacher, lm_weight=0.0, teacher_weight=1.0)
+    ce = -logits.log_softmax(-1).gather(-1, index.clamp(min=0)[..., None])[..., 0]
+    lm = (ce * weight * (index >= 0)).sum() / (4 + KL_EPS)          # 4 slots counted, the outside one among them
+    torch.testing.assert_close(both["kl"], soft["kl"] + lm)
+    with pytest.raises(ValueError, match="one-hot token alone needs the token in the draft vocabulary"):
+        dspark_loss(logits, confidence, index, weight)
+
+
 def test_the_confidence_target_is_detached_and_the_head_gets_its_gradient():
     logits, confidence, index, weight, _ = slots(2)
     logits.requires_grad_(True)

@@ -14,9 +14,10 @@ with sample_from_anchor, exp(-(k - 1) / gamma) from slot 1 without), n the count
 loss-mask sum), eps the library's. Its default is the KL against the verifier's distribution; ours stays on the
 one-hot target every method here trains on (lm 1.0, teacher 0.0), the library's term with that target.
 
-Departures (docs/protocol.md): with sample_from_anchor the library masks the target at a + k + 1 by the loss mask of
-the input position a + k, ours by the target's own; with soft targets ours drops a slot whose distilled token is
-outside the draft vocabulary, the library keeps it.
+A slot whose distilled token is outside the draft vocabulary has no one-hot target: the lm term skips it, the teacher
+term (a distribution over the draft vocabulary) keeps it, as the library keeps every slot of its mask. The departure
+that remains (docs/protocol.md): with sample_from_anchor the library masks the target at a + k + 1 by the loss mask
+of the input position a + k, ours by the target's own (its assistant label).
 
     module = DSparkFitModule(heads, base_model, DSparkRecipe(kind="dspark", num_anchors=32, confidence_alpha=1.0))
 """
@@ -48,16 +49,18 @@ def dspark_loss(logits: torch.Tensor, confidence: torch.Tensor | None, index: to
                 teacher: torch.Tensor | None = None, lm_weight: float = 1.0, teacher_weight: float = 0.0,
                 alpha: float = 1.0) -> tuple[torch.Tensor, dict, torch.Tensor]:
     """The library's DSpark loss (module docstring) over slots [...]: logits [..., Vd] (biased), confidence [...]
-    logits or None, index [...] the distilled token's draft index (-1 outside), weight [...] the position weight of
-    each trained slot (0: not trained), teacher [..., Vd] the base's logits (with teacher_weight) -> (loss, its terms
-    {"kl", "confidence"} detached, each slot's cross-entropy [...] detached)."""
+    logits or None, index [...] the distilled token's draft index (-1 outside: no lm term there), weight [...] the
+    position weight of each trained slot (0: not trained), teacher [..., Vd] the base's logits (with teacher_weight)
+    -> (loss, its terms {"kl", "confidence"} detached, each slot's cross-entropy [...] detached)."""
     if teacher_weight and teacher is None:
         raise ValueError("teacher_loss_weight > 0 needs the base's logits (teacher)")
     n = (weight > 0).sum()
     logq = torch.log_softmax(logits.float(), -1)
     ce = -logq.gather(-1, index.clamp(min=0)[..., None])[..., 0]                  # KL of the one-hot target
     p = None if not teacher_weight else torch.softmax(teacher.float(), -1)
-    kl = lm_weight * ce if lm_weight else torch.zeros_like(ce)
+    if p is None and (weight[index < 0] > 0).any():
+        raise ValueError("a slot trained on its one-hot token alone needs the token in the draft vocabulary")
+    kl = lm_weight * ce * (index >= 0) if lm_weight else torch.zeros_like(ce)
     if p is not None:
         kl = kl + teacher_weight * F.kl_div(logq, p, reduction="none").sum(-1)
     loss = (kl * weight).sum() / (n + KL_EPS)
@@ -88,6 +91,7 @@ class DSparkFitModule(DFlashFitModule):
             with torch.no_grad():
                 rows = final.gather(1, before[..., None].expand(-1, -1, final.shape[-1]))
                 teacher = heads.base_draft_logits(rows).view(B, N, bs, -1)
+            weight = blocks.weight          # the teacher's slots: every one, its token in the vocabulary or not
         loss, terms, ce = dspark_loss(logits, confidence, index, weight, teacher, r.lm_loss_weight,
                                       r.teacher_loss_weight, r.confidence_alpha)
         return loss, logits, ce, {f"{k}_loss": v for k, v in terms.items()}
