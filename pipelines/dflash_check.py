@@ -13,11 +13,13 @@ it and runs its anchored-block forward. Passes when the authors' block outputs e
 ids, block size and mask token are ours, every whole-block step of both drafters drafts the same block and produces
 the same tokens (near the length limit, the outputs: compare()), the fitted drafter is accepted at some step, and
 the library loads every key and gives our logits within 1e-5 with the same argmax; then a seeded DSpark drafter of
-each Markov kind (vanilla, gated, rnn), written with export.format=speculators, is loaded as the library's `dspark`
-type and run through its own forward, and must give our biased logits and confidence logits within 1e-5 with the
-same argmax. Writes reports/dflash_check.json, the authors' steps for the seeded drafter to
-tests/golden/dflash_conformance.json (which tests/test_dflash.py replays without the package) and the library's
-DSpark logits to tests/golden/speculators_dspark.json (tests/test_dspark.py), and exits non-zero when a check fails.
+each Markov kind (vanilla, gated, rnn; and the rnn with sample_from_anchor, every slot drafting), written with
+export.format=speculators, is loaded as the library's `dspark` type and run through its own forward, and must give
+our biased logits and confidence logits within 1e-5 with the same argmax, and its loss (its eager terms, against its
+verifier's distribution and against one-hot tokens) our training's within 1e-6. Writes reports/dflash_check.json, the
+authors' steps for the seeded drafter to tests/golden/dflash_conformance.json (which tests/test_dflash.py replays
+without the package) and the library's DSpark logits and loss to tests/golden/speculators_dspark.json
+(tests/test_dspark.py, tests/test_dspark_loss.py), and exits non-zero when a check fails.
 """
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ SPECULATORS_RUNNER = REPO_ROOT / "conformance" / "speculators_dflash.py"
 REPORT = REPO_ROOT / "reports" / "dflash_check.json"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "dflash_conformance.json"
 DSPARK_GOLDEN = REPO_ROOT / "tests" / "golden" / "speculators_dspark.json"
-DSPARK_FAMILIES = ("dspark", "dspark_gated", "dspark_rnn")
+DSPARK_KINDS = {"dspark": ("dspark", False), "dspark_gated": ("dspark_gated", False),   # (family, sample_from_anchor)
+                "dspark_rnn": ("dspark_rnn", False), "dspark_rnn_from_anchor": ("dspark_rnn", True)}
+LOSS_TOLERANCE = 1e-6
 PROMPTS = 3                 # random prompts of 12 tokens
 NEW_TOKENS = 40
 TOLERANCE = 1e-5
@@ -145,19 +149,64 @@ def trained(model, heads, prompts: list[list[int]], steps: int):
 
 
 def block_outputs(model, heads, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(features [1, T, w], logits [T - 1, bs - 1, Vd], confidence logits [T - 1, bs - 1] or None): row r is the
-    block rooted at x_{r+1} over the context 0..r, its slots 1.. scored as decoding scores them; DSpark's with the
-    Markov bias of the true token before each slot (slot 0's: the root), the rnn's state run from slot 0."""
+    """(features [1, T, w], logits [T - 1, D, Vd], confidence logits [T - 1, D] or None): row r is the block rooted
+    at x_{r+1} over the context 0..r, its D drafting slots (from first_slot) scored as decoding scores them; DSpark's
+    with the Markov bias of the true token before each slot's target (slot 0's: the root), the rnn's state run from
+    slot 0."""
     module, h, T = heads.dflash, model.config.hidden_size, ids.shape[1]
+    f, bs = module.first_slot, module.block_size
     with torch.no_grad():
         feats = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(T)[None])[..., h:]
         if getattr(heads, "markov", None) is None:
-            drafts = module.unroll(feats, ids, module.block_size - 1)
+            drafts = module.unroll(feats, ids, module.depths)
             return feats, torch.stack([heads.lm_head(0, d[0]) for d in drafts], 1), None
-        slots = torch.stack([d[0] for d in module.unroll(feats, ids, module.block_size - 1, with_anchor=True)], 1)
-        rows = torch.arange(1, T)[:, None] + torch.arange(module.block_size)        # the tokens from the root on
-        prev = torch.cat([ids[0, 1:, None], ids[0, rows.clamp(max=T - 1)][:, :-1]], 1)   # [root, root, x_{r+2}, ..]
-        return (feats, heads.block_logits(slots, prev)[:, 1:], heads.accept_logits(slots, prev)[:, 1:])
+        slots = torch.stack([d[0] for d in module.unroll(feats, ids, module.depths, with_anchor=True)], 1)
+        tokens = ids[0, (torch.arange(1, T)[:, None] + torch.arange(bs)).clamp(max=T - 1)]   # x_{r+1}, x_{r+2}, ..
+        prev = tokens if f == 0 else torch.cat([tokens[:, :1], tokens[:, :-1]], 1)       # [root, root, x_{r+2}, ..]
+        return (feats, heads.block_logits(slots, prev)[:, f:], heads.accept_logits(slots, prev)[:, f:])
+
+
+def before_final_norm(model, ids: torch.Tensor) -> torch.Tensor:
+    """The base's last states before its final norm [1, T, h] (the library's verifier_last_hidden_states)."""
+    seen = {}
+    hook = model.get_decoder().norm.register_forward_hook(lambda m, args, out: seen.update(x=args[0]))
+    try:
+        with torch.no_grad():
+            model.get_decoder()(input_ids=ids)
+    finally:
+        hook.remove()
+    return seen["x"]
+
+
+def our_dspark_loss(model, heads, ids: torch.Tensor, anchors: list[int], gamma: float, alpha: float) -> dict:
+    """Our DSpark training loss (DSparkFitModule.block_loss, dspark_loss) on the blocks at `anchors` of ids [1, T]
+    (every slot's target an assistant token), as the library's runner reports its own: "teacher" against the
+    base's distribution (lm 0, teacher 1), "one_hot" against the tokens (lm 1, teacher 0); each its "total" and its
+    "confidence" term."""
+    from models.methods.dflash.dspark_training import DSparkFitModule, DSparkRecipe
+    from models.methods.dflash.training import draw_blocks
+
+    module, h, T = heads.dflash, model.config.hidden_size, ids.shape[1]
+    with torch.no_grad():
+        both = final_and_taps(model.get_decoder(), ids, module.taps, position_ids=torch.arange(T)[None])
+        starts = torch.tensor(anchors)[None]
+        blocks = draw_blocks(ids, torch.ones_like(ids, dtype=torch.bool), module, len(anchors), gamma,
+                             anchors=(starts, torch.ones_like(starts, dtype=torch.bool)))
+        out = module(both[..., h:], blocks.ids.view(1, -1), blocks.pos, mask=blocks.layout)
+        out = out.view(1, len(anchors), module.block_size, -1)
+        index = heads.to_draft_index(blocks.target)
+        result = {}
+        for name, lm, teacher in (("teacher", 0.0, 1.0), ("one_hot", 1.0, 0.0)):
+            recipe = DSparkRecipe(kind="dspark", loss_decay_gamma=gamma, confidence_alpha=alpha, lm_loss_weight=lm,
+                                  teacher_loss_weight=teacher)
+            fit = DSparkFitModule(heads, model, recipe)
+            loss, _, _, extra = fit.block_loss(out, blocks, index, blocks.weight * (index >= 0), both[..., :h])
+            result[name] = {"total": float(loss), "confidence": float(extra["confidence_loss"])}
+    return result
+
+
+def loss_difference(ours: dict, theirs: dict) -> float:
+    return max(abs(ours[k][t] - theirs[k][t]) for k in theirs for t in theirs[k])
 
 
 def speculators_check(model, heads, work: Path, prompt: list[int], name: str = "speculators") -> tuple[dict, dict]:
@@ -165,16 +214,17 @@ def speculators_check(model, heads, work: Path, prompt: list[int], name: str = "
     environment) -> (verdict: its loading report, and its logits, and DSpark's confidence logits, at every block
     slot 1.. of every anchor against ours; the library's result)."""
     export_heads(heads, model, work / name, "speculators")
-    ids = torch.tensor(prompt)[None]
+    ids, f = torch.tensor(prompt)[None], heads.dflash.first_slot
     feats, ours, confidence = block_outputs(model, heads, ids)
-    torch.save({"hidden_states": feats, "input_ids": ids}, work / f"{name}_inputs.pt")
+    torch.save({"hidden_states": feats, "input_ids": ids, "verifier_last_hidden_states": before_final_norm(model, ids)},
+               work / f"{name}_inputs.pt")
     subprocess.run([str(official_env(SPECULATORS_VENV, SPECULATORS_PACKAGES)), str(SPECULATORS_RUNNER), "--draft",
                     str(work / name), "--inputs", str(work / f"{name}_inputs.pt"), "--out",
                     str(work / f"{name}.json")], check=True)
     result = json.loads((work / f"{name}.json").read_text())
     anchors = [a for a in result["anchors"] if a >= 1]             # ours: row a - 1 (anchor 0 has no context)
     at = [result["anchors"].index(a) for a in anchors]
-    theirs, mine = torch.tensor(result["logits"])[at, 1:], ours[[a - 1 for a in anchors]]
+    theirs, mine = torch.tensor(result["logits"])[at, f:], ours[[a - 1 for a in anchors]]
     report = result["loading_report"]
     verdict = {"versions": result["versions"], "model_class": result["model_class"],
                "missing_keys": report["missing_keys"], "unexpected_keys": report["unexpected_keys"],
@@ -185,8 +235,11 @@ def speculators_check(model, heads, work: Path, prompt: list[int], name: str = "
                "same_argmax": int((theirs.argmax(-1) == mine.argmax(-1)).sum()),
                "positions": mine.shape[0] * mine.shape[1]}
     if confidence is not None:
-        theirs_c = torch.tensor(result["confidence"])[at, 1:]
+        theirs_c = torch.tensor(result["confidence"])[at, f:]
         verdict["max_abs_confidence_difference"] = float((theirs_c - confidence[[a - 1 for a in anchors]]).abs().max())
+        ours_loss = our_dspark_loss(model, heads, ids, result["anchors"], result["gamma"], result["confidence_alpha"])
+        verdict.update(loss=result["loss"], our_loss=ours_loss,
+                       max_abs_loss_difference=loss_difference(ours_loss, result["loss"]))
     return verdict, result
 
 
@@ -196,22 +249,27 @@ def speculators_passed(v: dict) -> bool:
     return (not set(v["missing_keys"]) - filled and not v["unexpected_keys"] and not v["mismatched_keys"]
             and not v["file_keys_not_in_model"] and v["file_tensors_loaded_unchanged"]
             and v["max_abs_logit_difference"] <= TOLERANCE and v["same_argmax"] == v["positions"]
-            and v.get("max_abs_confidence_difference", 0.0) <= TOLERANCE)
+            and v.get("max_abs_confidence_difference", 0.0) <= TOLERANCE
+            and v.get("max_abs_loss_difference", 0.0) <= LOSS_TOLERANCE)
 
 
 def write_dspark_golden(library: dict, prompt: list[int], args, path: Path = DSPARK_GOLDEN, topk: int = 5) -> None:
-    """The library's DSpark logits (top-k at slots 1.. of every anchor) and confidence logits, each Markov kind, for
-    tests/test_dspark.py to replay against our seeded drafter without the library."""
+    """The library's DSpark logits (top-k at the drafting slots of every anchor), confidence logits and loss, each
+    seeded kind (DSPARK_KINDS), for tests/test_dspark.py to replay against our seeded drafter without the library."""
     kinds = {}
-    for family, result in library.items():
-        logits = torch.tensor(result["logits"])[:, 1:]
-        top = logits.topk(topk, dim=-1)
-        kinds[family] = {"anchors": result["anchors"], "topk_ids": top.indices.tolist(),
-                         "topk_values": top.values.tolist(),
-                         "confidence": torch.tensor(result["confidence"])[:, 1:].tolist()}
-    about = ("the speculators library's DSparkDraftModel (its training forward, the loss replaced by a recorder) on "
-             "seeded DSpark drafters exported with export.format=speculators, an 8-layer tiny Llama: top-k logits at "
-             "block slots 1.. and confidence logits of every anchor; written by `make dflash-check`")
+    for kind, result in library.items():
+        family, from_anchor = DSPARK_KINDS[kind]
+        f = 0 if from_anchor else 1
+        top = torch.tensor(result["logits"])[:, f:].topk(topk, dim=-1)
+        kinds[kind] = {"family": family, "sample_from_anchor": from_anchor, "anchors": result["anchors"],
+                       "topk_ids": top.indices.tolist(), "topk_values": top.values.tolist(),
+                       "confidence": torch.tensor(result["confidence"])[:, f:].tolist(), "loss": result["loss"],
+                       "gamma": result["gamma"], "confidence_alpha": result["confidence_alpha"]}
+    about = ("the speculators library's DSparkDraftModel (its training forward, compute_metrics recording its inputs "
+             "and computing its loss with its eager terms) on seeded DSpark drafters exported with "
+             "export.format=speculators, an 8-layer tiny Llama: top-k logits at the drafting block slots and "
+             "confidence logits of every anchor, and the loss against the verifier's distribution (teacher) and "
+             "against the drafted tokens (one_hot); written by `make dflash-check`")
     golden = {"about": about, "versions": next(iter(library.values()))["versions"], "seed": args.seed,
               "layers": args.layers, "block": args.block, "prompt": prompt, "kinds": kinds}
     path.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
@@ -243,9 +301,9 @@ def main(argv=None) -> dict:
     trained_steps, trained_official = authors_steps(model, fitted, work, "trained", prompts)
     speculators, _ = speculators_check(model, fitted, work, sum(prompts, []))    # 36 tokens: 20 whole blocks
     dspark, library = {}, {}
-    for family in DSPARK_FAMILIES:                 # DSpark's export, each Markov kind, the library's `dspark` type
-        _, drawn = seeded(args.seed, args.layers, args.block, family=family)
-        dspark[family], library[family] = speculators_check(model, drawn, work, sum(prompts, []), family)
+    for kind, (family, from_anchor) in DSPARK_KINDS.items():   # DSpark's export, the library's `dspark` type
+        _, drawn = seeded(args.seed, args.layers, args.block, family=family, sample_from_anchor=from_anchor)
+        dspark[kind], library[kind] = speculators_check(model, drawn, work, sum(prompts, []), kind)
     verdict = {**theirs, "steps": steps, "trained_steps": trained_steps, "speculators": speculators,
                "speculators_dspark": dspark,
                "ours": {"target_layer_ids": module.target_layer_ids, "block_size": module.block_size,

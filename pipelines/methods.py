@@ -285,7 +285,9 @@ def random_heads(cfg: DictConfig, model, heads_cfg: DictConfig, seed: int = 0):
     share = bool(OmegaConf.select(cfg, "profile.share_lm_head", default=False))
     config = HeadsConfig.for_base(model, str(heads_cfg.family), int(heads_cfg.num_heads), int(heads_cfg.num_layers),
                                   share_lm_head=share, draft_vocab_size=vocab,
-                                  shared_blocks=heads_cfg.get("shared_blocks", False))
+                                  shared_blocks=heads_cfg.get("shared_blocks", False),
+                                  mask_token_id=heads_cfg.get("mask_token_id"),
+                                  sample_from_anchor=heads_cfg.get("sample_from_anchor", False))
     torch.manual_seed(seed)
     heads = build_heads(config, model, None if vocab is None else torch.arange(vocab))
     return heads.to(next(model.parameters()).device).eval()

@@ -117,5 +117,6 @@ def trainable_heads(cfg: DictConfig, model, draft_ids: torch.Tensor | None):
     config = HeadsConfig.for_base(model, family=h.family, num_heads=int(h.num_heads), num_layers=int(h.num_layers),
                                   dropout=float(h.dropout), share_lm_head=bool(h.share_lm_head),
                                   draft_vocab_size=None if draft_ids is None else len(draft_ids),
-                                  shared_blocks=h.get("shared_blocks", False))
+                                  shared_blocks=h.get("shared_blocks", False), mask_token_id=h.get("mask_token_id"),
+                                  sample_from_anchor=h.get("sample_from_anchor", False))
     return build_heads(config, model, draft_ids).requires_grad_(True)

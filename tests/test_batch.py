@@ -43,9 +43,9 @@ def tiny():
     return model, tok, prompts
 
 
-def heads_of(model, family, layers=1, seed=0):
+def heads_of(model, family, layers=1, seed=0, **settings):
     torch.manual_seed(seed)
-    config = HeadsConfig.for_base(model, family, num_heads=4, num_layers=layers, share_lm_head=True)
+    config = HeadsConfig.for_base(model, family, num_heads=4, num_layers=layers, share_lm_head=True, **settings)
     return build_heads(config, model).eval()
 
 
@@ -390,15 +390,17 @@ def test_the_autoregressive_drafters_expand_every_sequences_frontier_in_one_forw
     assert calls and max(calls) == len(prompts)           # every live sequence's frontier in one call
 
 
-def test_dflash_drafts_every_sequences_block_in_one_forward(tiny, monkeypatch):
+@pytest.mark.parametrize("family, from_anchor", [("dflash", False), ("dflash", True), ("dspark_rnn", True)])
+def test_dflash_drafts_every_sequences_block_in_one_forward(tiny, monkeypatch, family, from_anchor):
     """A batch's DFlash blocks run in one forward of the module (DFlashProposer.begin_many: each row its own cached
-    and new context, the padding hidden), and each sequence's answer is its batch-1 answer."""
+    and new context, the padding hidden), and each sequence's answer is its batch-1 answer; with
+    sample_from_anchor too (slot 0 drafting), and DSpark's rnn reading the batch's slots."""
     from models.methods.dflash.dflash import DFlashModule
 
     from models.methods.dflash.seeded import fit_to_greedy
 
     model, _, prompts = tiny
-    heads = heads_of(model, "dflash", layers=2)
+    heads = heads_of(model, family, layers=2, sample_from_anchor=from_anchor)
     seqs = [p + generate(model, None, p, max_new_tokens=NEW, stop_token_ids=[]).new_tokens for p in prompts]
     fit_to_greedy(model, heads, seqs, steps=15, depths=4)              # drafts accepted at some steps
     make = lambda: heads_drafter(heads, TREE)                           # noqa: E731

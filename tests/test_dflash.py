@@ -29,9 +29,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 
 
-def dflash_heads(model, block=8, layers=2, seed=0):
+def dflash_heads(model, block=8, layers=2, seed=0, mask_token_id=None):
     torch.manual_seed(seed)
-    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    config = HeadsConfig.for_base(model, "dflash", num_heads=block - 1, num_layers=layers, share_lm_head=True,
+                                  mask_token_id=mask_token_id)
     return build_heads(config, model).eval()
 
 
@@ -181,7 +182,7 @@ def test_the_export_holds_the_authors_names_and_config(tmp_path):
     from models.methods import export_heads
 
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    heads = dflash_heads(model, block=16, layers=2)
+    heads = dflash_heads(model, block=16, layers=2, mask_token_id=model.config.vocab_size - 1)
     export_heads(heads, model, tmp_path, "dflash")
     state, config = load_file(str(tmp_path / "model.safetensors")), json.loads((tmp_path / "config.json").read_text())
     per_layer = {f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")} | \
@@ -209,7 +210,7 @@ def test_the_speculators_export_is_its_dflash_type_and_eagle3s_stays_its_own(tmp
     from models.shared.draft_vocab import most_frequent
 
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    heads = dflash_heads(model, block=16, layers=2)
+    heads = dflash_heads(model, block=16, layers=2, mask_token_id=3)
     export_heads(heads, model, tmp_path / "full", "speculators")
     state = load_file(str(tmp_path / "full" / "model.safetensors"))
     config = json.loads((tmp_path / "full" / "config.json").read_text())
@@ -225,7 +226,7 @@ def test_the_speculators_export_is_its_dflash_type_and_eagle3s_stays_its_own(tmp
 
     ids = most_frequent(torch.arange(model.config.vocab_size, 0, -1), 100)
     config = HeadsConfig.for_base(model, "dflash", num_heads=15, num_layers=2, share_lm_head=True,
-                                  draft_vocab_size=100)
+                                  draft_vocab_size=100, mask_token_id=3)
     small = build_heads(config, model, ids).eval()
     export_heads(small, model, tmp_path / "draft_vocab", "speculators")
     state = load_file(str(tmp_path / "draft_vocab" / "model.safetensors"))
@@ -248,17 +249,28 @@ def golden():
     return json.loads((REPO_ROOT / "tests" / "golden" / "dflash_conformance.json").read_text())
 
 
-def replay(golden, tamper=None, trained=False) -> dict:
-    """Our decoder on the golden file's prompts with its seeded drafter (trained: that drafter fitted as make
-    dflash-check fits it, in float64, so that some drafts are accepted), compared step by step with the authors'."""
+@pytest.fixture(scope="module")
+def trained_drafter(golden):
+    """(base, heads): the golden file's seeded drafter fitted as make dflash-check fits it (in float64, so that some
+    drafts are accepted), once for the module: the fit is the slow part; each tamper works on a deep copy."""
     from models.methods.dflash.seeded import seeded
-    from pipelines.dflash_check import compare, our_steps
     from pipelines.dflash_check import trained as fitted
 
     model, heads = seeded(golden["seed"], golden["layers"], golden["block"])
-    if trained:
-        heads = fitted(model, heads, golden["prompts"], golden["fit_steps"])
+    return model, fitted(model, heads, golden["prompts"], golden["fit_steps"])
+
+
+def replay(golden, tamper=None, trained=None) -> dict:
+    """Our decoder on the golden file's prompts with its seeded drafter (trained: the trained_drafter fixture's
+    (base, heads)), compared step by step with the authors'; `tamper` changes a deep copy of the heads."""
+    import copy
+
+    from models.methods.dflash.seeded import seeded
+    from pipelines.dflash_check import compare, our_steps
+
+    model, heads = trained if trained is not None else seeded(golden["seed"], golden["layers"], golden["block"])
     if tamper is not None:
+        heads = copy.deepcopy(heads)
         tamper(heads)
     before = torch.get_num_threads()
     torch.set_num_threads(1)                                       # as the golden run
@@ -266,7 +278,7 @@ def replay(golden, tamper=None, trained=False) -> dict:
         ours = our_steps(model, heads, golden["prompts"], golden["new_tokens"])
     finally:
         torch.set_num_threads(before)
-    return compare(ours, golden["trained_official" if trained else "official"], golden["block"] - 1)
+    return compare(ours, golden["trained_official" if trained is not None else "official"], golden["block"] - 1)
 
 
 def test_our_dflash_decoder_takes_the_authors_steps(golden):
@@ -277,10 +289,10 @@ def test_our_dflash_decoder_takes_the_authors_steps(golden):
     assert result["steps_compared"] >= 60
 
 
-def test_our_dflash_decoder_takes_the_authors_steps_where_several_drafts_are_accepted(golden):
+def test_our_dflash_decoder_takes_the_authors_steps_where_several_drafts_are_accepted(golden, trained_drafter):
     """The golden file's trained case: the same drafter fitted to the base's greedy continuations, so that steps
     accept several drafts at once (the authors' count of them recorded); every step the same as theirs."""
-    result = replay(golden, trained=True)
+    result = replay(golden, trained=trained_drafter)
     assert result["identical"], result["first_mismatch"]
     assert result["steps_accepting_drafts"] == golden["trained_steps_accepting_drafts"] >= 5
     assert result["steps_compared"] >= 20
@@ -324,12 +336,13 @@ def test_the_golden_comparison_fails_on_the_wrong_taps_or_positions(golden):
         assert not replay(golden, tamper)["identical"], tamper.__name__
 
 
-def test_only_the_trained_golden_case_catches_bugs_in_several_accepted_rows(golden):
+def test_only_the_trained_golden_case_catches_bugs_in_several_accepted_rows(golden, trained_drafter):
     """Reversed accepted rows and shifted context positions change nothing where a step accepts no draft (one new
     context row a draft after the prompt), so the seeded case passes them; the trained case must not."""
     for tamper in (reversed_accepted_rows, shifted_context_rows):
         assert replay(golden, tamper)["identical"], tamper.__name__
-        assert not replay(golden, tamper, trained=True)["identical"], tamper.__name__
+        assert not replay(golden, tamper, trained=trained_drafter)["identical"], tamper.__name__
+    assert replay(golden, trained=trained_drafter)["identical"]        # the tampers left the fixture as it was
 
 
 def test_calibrations_replay_is_what_the_decoder_accepts():

@@ -126,10 +126,11 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             path = ids[tt[:, None] + 1 + steps]                     # [n, d]: x_{t+1..t+d}
             if drafts is None:
                 logits = heads.draft_logits(d - 1, hidden[tt], path)              # [n, Vd]: the draft vocabulary only
-            elif whole:                   # slots 0..d, the token before each: the root (x_{t+1}), then x_{t+1..t+d}
-                outs = torch.stack([module.readout(drafts[j][0, tt]) for j in range(d + 1)], 1)
-                logits = heads.block_logits(outs, torch.cat([path[:, :1], path], 1))[:, -1]
-            else:                         # block position d, x_{t+d} before it
+            elif whole:                   # slots 0 to the one drafting depth d, the token before each's target:
+                f = module.first_slot     # (the root for slot 0 when it drafts nothing), then x_{t+1..t+d}
+                outs = torch.stack([module.readout(drafts[j][0, tt]) for j in range(d + f)], 1)
+                logits = heads.block_logits(outs, torch.cat([path[:, :1]] * f + [path], 1))[:, -1]
+            else:                         # the slot drafting depth d, x_{t+d} before it
                 outs = module.readout(drafts[d - 1][0, tt])[:, None]
                 logits = heads.block_logits(outs, path[:, -1:])[:, -1]
             top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids

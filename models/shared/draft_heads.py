@@ -32,6 +32,10 @@ class HeadsConfig:
     share_lm_head: bool = False   # True: every head ends in the frozen base LM head (no own Linear)
     draft_vocab_size: int | None = None   # heads score this many tokens (DraftHeads.draft_ids); None: all
     shared_blocks: bool = False   # True: a head's ResBlocks are one module applied in turn, as the authors build them
+    mask_token_id: int | None = None   # a block drafter's mask (DFlash, DSpark): an id of the base's vocabulary, whose
+    #                                    frozen row it takes; None: its own token (id vocab_size, a learned embedding)
+    sample_from_anchor: bool = False   # a block drafter's slot k drafts the token k + 1 after the anchor (the
+    #                                    speculators library's DSpark default); False: the token k after it (DFlash's)
 
     def __post_init__(self):
         if self.num_heads < 1 or self.num_layers < 1:
@@ -42,6 +46,14 @@ class HeadsConfig:
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be between 1 and vocab_size="
                              f"{self.vocab_size}, or None for the full vocabulary")
+        m = self.mask_token_id
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size):
+            raise ValueError(f"heads.mask_token_id={m!r} is not accepted; it takes null (the drafter's own mask token, "
+                             f"id {self.vocab_size}, a learned embedding) or an id of the base's vocabulary, 0 to "
+                             f"{self.vocab_size - 1} (its frozen embedding row)")
+        if not isinstance(self.sample_from_anchor, bool):
+            raise ValueError(f"heads.sample_from_anchor={self.sample_from_anchor!r} is not accepted; it takes true "
+                             "(slot k drafts the token k + 1 after the anchor) or false (the token k after it)")
 
     @property
     def out_size(self) -> int:
@@ -51,10 +63,12 @@ class HeadsConfig:
     @classmethod
     def for_base(cls, model, family: str, num_heads: int, num_layers: int = 1, dropout: float = 0.0,
                  share_lm_head: bool = False, draft_vocab_size: int | None = None,
-                 shared_blocks: bool = False) -> "HeadsConfig":
+                 shared_blocks: bool = False, mask_token_id: int | None = None,
+                 sample_from_anchor: bool = False) -> "HeadsConfig":
         return cls(family=family, num_heads=num_heads, num_layers=num_layers, hidden_size=model.config.hidden_size,
                    vocab_size=model.config.vocab_size, base_model=model_name(model), dropout=dropout,
-                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size, shared_blocks=shared_blocks)
+                   share_lm_head=share_lm_head, draft_vocab_size=draft_vocab_size, shared_blocks=shared_blocks,
+                   mask_token_id=mask_token_id, sample_from_anchor=sample_from_anchor)
 
 
 class DraftHeads(nn.Module):
@@ -74,6 +88,10 @@ class DraftHeads(nn.Module):
         if method.name != config.family:
             raise ValueError(f"heads of family {config.family!r} built with the method {method.name!r}")
         self.config, self.method = config, method
+        if not method.family.block_drafter and (config.mask_token_id is not None or config.sample_from_anchor):
+            raise ValueError(f"heads.mask_token_id and heads.sample_from_anchor are a block drafter's (dflash, "
+                             f"dspark); family {config.family!r} takes neither (got {config.mask_token_id!r}, "
+                             f"{config.sample_from_anchor!r})")
         h, K, L, Vd = config.hidden_size, config.num_heads, config.num_layers, config.out_size
         self.family = method.family
         self.blocks = self.family.build_blocks(h, K, L)
@@ -267,8 +285,9 @@ def load_heads(folder: str | Path, base_model, method_named):
     if not (folder / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not a heads folder (no {CONFIG_FILE}); train it with "
                                 "`python -m pipelines.train heads=...`")
-    config = HeadsConfig(**json.loads((folder / CONFIG_FILE).read_text()))
-    method = method_named(config.family)
+    raw = json.loads((folder / CONFIG_FILE).read_text())
+    method = method_named(raw["family"])
+    config = HeadsConfig(**method.family.config_from_file(raw))
     check_compatible(config, base_model, source=str(folder))
     state = load_file(str(folder / WEIGHTS_FILE))
     draft_ids = state.get("draft_ids")

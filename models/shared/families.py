@@ -60,6 +60,13 @@ class HeadFamily:
     lm_head_from_base: ClassVar[bool] = True  # own LM heads start as the base's (draft-vocabulary) rows
     assistant: ClassVar[bool] = False         # its draft module also runs as transformers' assistant model
     #                                           (the evaluation's sps_hf beside it)
+    block_drafter: ClassVar[bool] = False     # a block drafted in one forward (DFlash): takes heads.mask_token_id
+    #                                           and heads.sample_from_anchor
+
+    def config_from_file(self, raw: dict) -> dict:
+        """A saved heads_config.json's fields as this family reads them (a file from before a setting existed
+        gets the value it was trained with): as they are."""
+        return raw
 
     def num_lm_heads(self, num_heads: int) -> int:
         """Own LM heads built when the heads do not share the base's: one per head."""

@@ -190,7 +190,9 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
         trees = with_fixed_twins({t: tree_from_config(conf_option("tree", t)) for t in [*s["trees"], *own]})
         torch.manual_seed(0)
         config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
-                                      share_lm_head=bool(h.get("share_lm_head", False)))
+                                      share_lm_head=bool(h.get("share_lm_head", False)),
+                                      mask_token_id=h.get("mask_token_id"),
+                                      sample_from_anchor=bool(h.get("sample_from_anchor", False)))
         param = next(model.parameters())
         with torch.device(param.device):       # initialised where they run: a 7B-wide LM head a head on one host
             heads = build_heads(config, model).to(param.device, param.dtype).eval()   # thread is seconds each

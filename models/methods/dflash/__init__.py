@@ -16,8 +16,9 @@ dspark_rnn), one recipe kind.
 - dspark_proposer.py: DFlash's block forward, each node's children scored with its own token's bias;
 - dspark_training.py: DFlash's block loss on the biased logits, plus the confidence head's term.
 
-DSpark's block keeps DFlash's convention, the library's sample_from_anchor false: slot k scores the token k after the
-anchor (the library's default, true, has slot k score the token k + 1 after it, and drafts one token more a block).
+Either convention of the speculators library's sample_from_anchor (heads.sample_from_anchor): false, DFlash's (slot k
+scores the token k after the anchor; slot 0, the anchor's, drafts nothing); true, the library's DSpark default and
+conf/heads/dspark*.yaml's (slot k scores the token k + 1 after it: every slot drafts).
 """
 from models.methods.dflash.dflash_format import DFLASH_FORMAT
 from models.methods.dflash.dspark_family import DSpark, DSparkGated, DSparkRnn

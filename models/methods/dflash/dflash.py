@@ -14,12 +14,19 @@ Per layer, with x the block's hidden states [Q, h] and c = hidden_norm(fc(featur
     k = k_norm(k_proj([c ; input_layernorm(x)])),  v = v_proj([c ; input_layernorm(x)])   rotary at [ctx ; block]
     x = x + o_proj(attention(q, cached k, v ; k, v)),  x = x + mlp(post_attention_layernorm(x))
 
-and the output is norm(x); block position i >= 1 scores the token at that position through the base's LM head.
+and the output is norm(x); block position i >= 1 scores the token at that position through the base's LM head (with
+sample_from_anchor, position i the token at i + 1, slot 0 drafting too: first_slot).
 The context is not normed by the layer's own input norm, as in the authors' Qwen3-style layers (dflash 0.1.0,
 dflash/model.py Qwen3DFlashAttention). The layers are Llama-sized from the base (models/shared/layer_config.py) with
 the authors' per-head q/k norms; their Linears are initialised normal(0, the base's initializer_range), every norm at
 one. A draft cache keeps the context's keys and values from one draft to the next (DFlashCache); the block's are
-cropped off after each draft. The mask token is the base vocabulary's last id unless given. float32.
+cropped off after each draft. float32.
+
+The mask token is the drafter's own by default: id vocab_size, one past the base's vocabulary, embedded by a learned
+`mask_embedding` that starts at the mean of the base's embedding rows (where transformers starts a token added to a
+vocabulary), so that no real token of the base stands for "not drafted yet". Given an id of the base's vocabulary
+(heads.mask_token_id), the mask takes that token's frozen row, as the authors' and the serving engines' checkpoints
+do (their formats embed the mask with the base's table: check_base_mask).
 """
 from __future__ import annotations
 
@@ -164,7 +171,8 @@ class DFlashModule(nn.Module):
     """fc (len(taps) * h -> h, no bias) and hidden_norm over the base's tapped features, the draft layers, the final
     norm, a Llama rotary embedding of the base's settings; the base's embedding by reference (frozen, not saved)."""
 
-    def __init__(self, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None):
+    def __init__(self, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
+                 sample_from_anchor: bool = False):
         super().__init__()
         if num_layers < 1 or block_size < 2:
             raise ValueError(f"a DFlash drafter needs at least 1 layer and a block of 2 or more tokens; got "
@@ -172,7 +180,12 @@ class DFlashModule(nn.Module):
         config = layer_config(base_model.config)
         h = config.hidden_size
         self.base_config, self.block_size = base_model.config, int(block_size)
-        self.mask_token_id = int(base_model.config.vocab_size - 1 if mask_token_id is None else mask_token_id)
+        V = self.vocab_size = int(base_model.config.vocab_size)
+        if mask_token_id is not None and not 0 <= int(mask_token_id) < V:
+            raise ValueError(f"heads.mask_token_id={mask_token_id!r} is not accepted; it takes null (the drafter's "
+                             f"own mask token, id {V}) or an id of the base's vocabulary, 0 to {V - 1}")
+        self.mask_token_id = V if mask_token_id is None else int(mask_token_id)
+        self.sample_from_anchor = bool(sample_from_anchor)
         L = base_model.config.num_hidden_layers
         self.target_layer_ids = build_target_layer_ids(L, num_layers)
         self.taps = dflash_taps(L, num_layers)
@@ -189,14 +202,17 @@ class DFlashModule(nn.Module):
                     m.weight.normal_(0.0, std)
                 elif isinstance(m, LlamaRMSNorm):
                     m.weight.fill_(1.0)
+        table = base_model.get_input_embeddings().weight
+        self.mask_embedding = None if mask_token_id is not None else \
+            nn.Parameter(table.detach().float().mean(0).to(table.device))             # [h], the own token's row
 
     @classmethod
     def from_base(cls, base_model, num_layers: int, block_size: int = 16, mask_token_id: int | None = None,
-                  seed: int | None = None) -> "DFlashModule":
+                  seed: int | None = None, sample_from_anchor: bool = False) -> "DFlashModule":
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            module = cls(base_model, num_layers, block_size, mask_token_id)
+            module = cls(base_model, num_layers, block_size, mask_token_id, sample_from_anchor)
         device = base_model.get_input_embeddings().weight.device
         return module.to(device=device, dtype=torch.float32).train(False)
 
@@ -204,9 +220,29 @@ class DFlashModule(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def first_slot(self) -> int:
+        """The block slot that drafts the token after the root: 1 (slot k drafts the token k after the anchor, the
+        authors' alignment), or 0 with sample_from_anchor (slot k the token k + 1 after it, the speculators library's
+        DSpark default: every slot drafts)."""
+        return 0 if self.sample_from_anchor else 1
+
+    @property
+    def depths(self) -> int:
+        """How deep a block drafts: its slots from first_slot on."""
+        return self.block_size - self.first_slot
+
+    @property
+    def own_mask(self) -> bool:
+        """Whether the mask is the drafter's own token (id vocab_size, mask_embedding), not a row of the base."""
+        return self.mask_embedding is not None
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The base's frozen rows; the own mask token (id vocab_size) its learned mask_embedding."""
+        own = tokens == self.vocab_size if self.own_mask else None
         with torch.no_grad():
-            return self._base["embed"](tokens).to(self.dtype)
+            x = self._base["embed"](tokens if own is None else tokens.masked_fill(own, 0)).to(self.dtype)
+        return x if own is None else torch.where(own[..., None], self.mask_embedding.to(x.dtype), x)
 
     def new_cache(self) -> DFlashCache:
         return DFlashCache(len(self.layers))
@@ -226,16 +262,17 @@ class DFlashModule(nn.Module):
                with_anchor: bool = False) -> list[torch.Tensor]:
         """The drafts of every position of whole sequences, as decoding drafts them there (calibration's ranks; the
         autoregressive modules' unroll has the same layout). features [B, T, w] of positions 0..T-1, input_ids
-        [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is block position k + 1 of the whole block rooted at
-        x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk` at a time, each seeing its own
-        context only (block_mask). with_anchor: slot 0's (the root's) output first, then the `depths` entries."""
+        [B, T] -> `depths` tensors [B, T-1, h]: entry k at row r is the slot drafting depth k + 1 (first_slot + k)
+        of the whole block rooted at x_{r+1} over the context 0..r, which scores x_{r+k+2}. The blocks run `chunk`
+        at a time, each seeing its own context only (block_mask). with_anchor: every slot from slot 0 (the root's)
+        to the deepest drafting one, first_slot + depths entries."""
         B, T, _ = features.shape
         bs = self.block_size
-        if not 1 <= depths <= bs - 1:
-            raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {bs - 1} deep, not {depths}")
-        first = 0 if with_anchor else 1                                                   # the first slot kept
+        if not 1 <= depths <= self.depths:
+            raise ValueError(f"a DFlash block of {bs} tokens drafts 1 to {self.depths} deep, not {depths}")
+        first = 0 if with_anchor else self.first_slot                                     # the first slot kept
         out = [features.new_zeros(B, T - 1, self.norm.weight.shape[0], dtype=self.dtype)
-               for _ in range(depths + 1 - first)]
+               for _ in range(depths + self.first_slot - first)]
         steps = torch.arange(bs, device=features.device)
         for c in range(0, T - 1, chunk):
             rows = torch.arange(c, min(c + chunk, T - 1), device=features.device)        # [N]

@@ -26,6 +26,16 @@ def to_file_key(key: str) -> str:
     return key
 
 
+def check_base_mask(module, fmt: str) -> None:
+    """The format embeds the mask with the base's table (mask_token_id a row of it): a drafter whose mask is its own
+    token (heads.mask_token_id null: id vocab_size, a learned embedding) has no such row, so it is refused."""
+    if module.own_mask:
+        raise ValueError(f"export.format={fmt} embeds the mask token with the base's embedding table, but this "
+                         f"drafter's mask is its own token (heads.mask_token_id=null: id {module.vocab_size}, a "
+                         f"learned embedding); train it with heads.mask_token_id set to an id of the base's "
+                         f"vocabulary, 0 to {module.vocab_size - 1}, to export it")
+
+
 def dflash_config(module, base_config) -> dict:
     layer = module.layers[0]
     rope = dict(getattr(base_config, "rope_parameters", None) or {})
@@ -45,6 +55,11 @@ def dflash_config(module, base_config) -> dict:
 
 def write_dflash(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
     module = heads.dflash
+    check_base_mask(module, "dflash")
+    if module.sample_from_anchor:
+        raise ValueError("export.format=dflash: the authors' DFlash format has no sample_from_anchor (its slot k "
+                         "drafts the token k after the anchor); these heads were trained with "
+                         "heads.sample_from_anchor=true; export them with export.format=speculators, which carries it")
     rope = dict(getattr(base_model.config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"the authors' DFlash layer is a Qwen3 layer with the default rotary embedding; this base "

@@ -3,8 +3,8 @@ scored by the base's LM head over the draft vocabulary), plus `heads.markov` (th
 `heads.confidence` (each position's acceptance logit), built on the first attach. One family per Markov head kind,
 the rank the paper's 256:
 
-    heads = models.methods.build_heads(HeadsConfig.for_base(model, family="dspark", num_heads=6, num_layers=2,
-                                                            share_lm_head=True), model)      # blocks of 7
+    heads = models.methods.build_heads(HeadsConfig.for_base(model, family="dspark", num_heads=7, num_layers=2,
+                                       share_lm_head=True, sample_from_anchor=True), model)   # blocks of 7
     heads.block_logits(out [.., K, h], prev [.., K])       # DFlash's logits plus the Markov bias
 """
 from __future__ import annotations

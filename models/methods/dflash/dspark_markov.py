@@ -9,8 +9,8 @@ and a confidence head that predicts whether the position will be accepted.
 Vanilla: bias = W2(W1[prev]), W1 an embedding of rank r over the target's vocabulary, W2 r -> Vd (no bias).
 Gated:   bias = W2(sigmoid(G([h; e])) * e), e = W1[prev].
 Rnn:     a state s over the block's positions, z = [s, e, h] -> (g, c, o) = chunks of R(z); s = sig(g) s +
-         (1 - sig(g)) tanh(c); bias = W2(tanh(o)); s starts at zero at the block's slot 0 (the anchor's: the
-         library's sample_from_anchor false), so drafted position k's state has run over slots 0..k.
+         (1 - sig(g)) tanh(c); bias = W2(tanh(o)); s starts at zero at the block's slot 0, so slot k's state has
+         run over slots 0..k (either way of sample_from_anchor, as the library's).
 Initialised as the library's: W1 normal with std 0.01, every linear torch's default.
 """
 from __future__ import annotations

@@ -5,10 +5,11 @@ At a draft of depth D below root x_P, the module runs once over the whole block 
 draft other tokens than training and calibration saw (near the length limit the authors' dflash_generate shortens
 it, so there our drafts can differ from theirs, never the output). Its keys and values are the context's (the
 base's tapped features of the accepted positions, cached from one draft to the next; the ones accepted since the
-last draft are run with this block) and the block's own. Its first D drafted positions are read: position d scores
-the token d positions below the root, so every node at depth d - 1 gets the same children, as Medusa's heads give
-them: a chain takes the argmax of each position (the authors' dflash_generate), a tree each position's top-k. After
-the draft the block's keys and values are cropped off, so the cache holds the accepted positions only.
+last draft are run with this block) and the block's own. Its first D drafting slots are read (from slot 1, or from
+slot 0 with heads.sample_from_anchor): the d-th scores the token d positions below the root, so every node at depth
+d - 1 gets the same children, as Medusa's heads give them: a chain takes the argmax of each position (the authors'
+dflash_generate), a tree each position's top-k. After the draft the block's keys and values are cropped off, so the
+cache holds the accepted positions only.
 """
 from __future__ import annotations
 
@@ -75,8 +76,9 @@ class DFlashProposer:
         out = self.module(feats[None].to(self.device), block, pos, cache=self.cache)[0]   # [Q, h]
         self.pending = []
         self.cache.crop(P)                                                                  # the block's rows off
-        self.outs = out[:depth + 1]           # [depth + 1, h]: slot 0 (the root's), then the drafted positions
-        self.rows = project(self.linear, self.outs[1:].to(self.linear.weight.dtype))       # [depth, Vd]
+        f = self.module.first_slot           # the slot drafting depth 1 (1: slot 0 is the root's alone)
+        self.outs = out[:depth + f]           # [depth + f, h]: slot 0 (the root's) to the deepest drafting one
+        self.rows = project(self.linear, out[f:f + depth].to(self.linear.weight.dtype))    # [depth, Vd]
 
     @staticmethod
     @torch.no_grad()
@@ -121,11 +123,12 @@ class DFlashProposer:
                         k[b, :, :cached[b]], v[b, :, :cached[b]] = p.cache.k[i][0], p.cache.v[i][0]
                 cache.k[i], cache.v[i] = k, v
         out = module(ctx, block, pos, cache=cache, mask=visible)                        # [B, Q, h]
-        rows = project(first.linear, out[:, 1:depth + 1].reshape(B * depth, -1).to(first.linear.weight.dtype))
+        f = module.first_slot
+        rows = project(first.linear, out[:, f:f + depth].reshape(B * depth, -1).to(first.linear.weight.dtype))
         for b, p in enumerate(proposers):
             for i in range(len(module.layers)):                  # its new context rows into its own cache
                 p.cache.extend(i, cache.k[i][b:b + 1, :, S:S + new[b]], cache.v[i][b:b + 1, :, S:S + new[b]])
-            p.pending, p.rows, p.outs = [], rows[b * depth:(b + 1) * depth], out[b, :depth + 1]
+            p.pending, p.rows, p.outs = [], rows[b * depth:(b + 1) * depth], out[b, :depth + f]
 
     def scores(self, frontier: Frontier) -> torch.Tensor:
         return self.rows[frontier.depth:frontier.depth + 1]                                 # [1, Vd]

@@ -4,6 +4,7 @@ accepting path too, not only on rejections).
 
     model, heads = seeded(seed=0, layers=2, block=16)          # an 8-layer tiny Llama and a drafter on it
     model, heads = seeded(0, 2, 8, family="dspark_rnn")        # DSpark: its Markov and confidence heads drawn too
+    model, heads = seeded(0, 2, 8, "dspark_rnn", sample_from_anchor=True)   # every slot drafting
     fit_to_greedy(model, heads, sequences, steps=60)           # every block position to the base's greedy token
     fitted = fitted_copy(model, heads, sequences, steps=12)    # the same on a float64 copy, the same on any CPU
 """
@@ -22,12 +23,14 @@ from models.shared.draft_heads import HeadsConfig, build_heads
 METHODS = {m.name: m for m in (DFLASH, DSPARK, DSPARK_GATED, DSPARK_RNN)}
 
 
-def seeded(seed: int, layers: int, block: int, family: str = "dflash"):
-    """(base, heads): the tiny base and a DFlash (or DSpark) drafter whose every parameter is drawn from
-    torch.Generator(seed): norms about 1, matrices scaled by their fan-in; DSpark's Markov embedding at unit scale,
-    so that its bias moves the logits."""
+def seeded(seed: int, layers: int, block: int, family: str = "dflash", sample_from_anchor: bool = False):
+    """(base, heads): the tiny base and a DFlash (or DSpark) drafter of blocks of `block` whose every parameter is
+    drawn from torch.Generator(seed): norms about 1, matrices scaled by their fan-in; DSpark's Markov embedding at
+    unit scale, so that its bias moves the logits. The same parameters either way of sample_from_anchor."""
     model, _ = build_tiny_model("llama", num_layers=8, seed=0)
-    config = HeadsConfig.for_base(model, family, num_heads=block - 1, num_layers=layers, share_lm_head=True)
+    config = HeadsConfig.for_base(model, family, num_heads=block - (0 if sample_from_anchor else 1), num_layers=layers,
+                                  share_lm_head=True, mask_token_id=model.config.vocab_size - 1,   # the golden files'
+                                  sample_from_anchor=sample_from_anchor)
     heads = build_heads(config, METHODS[family], model).eval()
     parts = {"dflash": heads.dflash}
     if getattr(heads, "markov", None) is not None:
@@ -42,10 +45,11 @@ def seeded(seed: int, layers: int, block: int, family: str = "dflash"):
 
 
 def fit_to_greedy(model, heads, sequences: list[list[int]], steps: int, lr: float = 3e-3, depths: int | None = None):
-    """Adam on the drafter alone: at every position of each sequence, block position k + 1 (DFlashModule.unroll) to
-    the base's greedy token k + 1 below the root, unweighted cross-entropy; the heads are left in eval mode."""
+    """Adam on the drafter alone: at every position of each sequence, the slot drafting depth k + 1
+    (DFlashModule.unroll) to the base's greedy token k + 1 below the root, unweighted cross-entropy; the heads are
+    left in eval mode."""
     module, h = heads.dflash, model.config.hidden_size
-    depths = depths or module.block_size - 1
+    depths = depths or module.depths
     data = []
     with torch.no_grad():
         for s in sequences:

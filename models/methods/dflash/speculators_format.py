@@ -11,14 +11,17 @@ lm_head on save and reloads the verifier's, as it does embed_tokens. `config.jso
 architectures ["DFlashSpeculator"], speculators_model_type "dflash", dflash_format's Qwen3 config of the draft's
 sizes as transformer_layer_config (less the keys the library's own converter drops), draft_vocab_size, block_size,
 mask_token_id, aux_hidden_state_layer_ids = the taps (hidden-states indices: the authors' layer id + 1, as the
-library's converter maps them), the block's positions below the anchor drafted (sample_from_anchor false) and
-speculators_config (greedy, block size - 1 tokens, the verifier by name or path).
+library's converter maps them), sample_from_anchor as trained (heads.sample_from_anchor: false, slot k drafts the
+token k after the anchor; true, the token k + 1 after it) and speculators_config (greedy, the block's drafting slots
+as its tokens: block size - 1, or block size with sample_from_anchor; the verifier by name or path). The mask must
+be a token of the base (check_base_mask): the library embeds it with the verifier's table.
 
 DSpark heads go to the library's `dspark` type (DSparkSpeculatorConfig, DSparkDraftModel): the same, plus the Markov
 head (markov_head.markov_w1, markov_w2, and gate_proj or joint_proj for the gated and rnn kinds) and the confidence
 head (confidence_head.proj), with markov_rank, markov_head_type, the confidence head on and fed the Markov
-embedding, and sample_from_anchor false (the block's convention here, which the library keeps: slot k scores the
-token k after the anchor, slot 0's bias is the anchor's own token's).
+embedding, and sample_from_anchor as trained (false: slot k scores the token k after the anchor, slot 0's bias
+is the anchor's own token's; true, the library's DSpark default: slot k scores the token k + 1 after it, its bias the
+token at k).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from models.methods.dflash.dflash_format import dflash_config, to_file_key
+from models.methods.dflash.dflash_format import check_base_mask, dflash_config, to_file_key
 from models.shared.draft_vocab import vocab_maps
 from models.shared.formats import Format, write_files
 from models.shared.speculators import SPECULATORS_VERSION, check_taps, verifier_of
@@ -81,10 +84,10 @@ def speculators_dflash_config(heads, base_model, verifier: dict | None = None) -
             "draft_vocab_size": heads.config.out_size, "block_size": module.block_size,
             "target_hidden_size": None, "aux_hidden_state_layer_ids": list(module.taps),
             "mask_token_id": module.mask_token_id, "sliding_window_non_causal": False,
-            "sample_from_anchor": False,
+            "sample_from_anchor": module.sample_from_anchor,
             "speculators_config": {
                 "algorithm": kind,
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": module.block_size - 1,
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": module.depths,
                                       "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "default_proposal_method": "greedy",
                 "verifier": verifier or verifier_of(base_model)},
@@ -92,6 +95,7 @@ def speculators_dflash_config(heads, base_model, verifier: dict | None = None) -
 
 
 def write_speculators_dflash(heads, base_model, folder: Path) -> tuple[list[str], list[str]]:
+    check_base_mask(heads.dflash, "speculators")
     state = speculators_dflash_state(heads)
     config = speculators_dflash_config(heads, base_model)
     notes = [f"verifier {config['speculators_config']['verifier']['name_or_path']!r}: vLLM and speculators load "

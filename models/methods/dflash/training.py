@@ -4,7 +4,10 @@ positions, and all the blocks of a conversation run in one forward. A block sees
 strictly before its anchor (what decoding has as context: the anchor is the root, whose own features come with its
 verify step) and itself, both ways; no other block. Position k of a block is trained to the token k after its anchor,
 by cross-entropy weighted exp(-(k - 1) / loss_decay_gamma) (an assistant token only; k = 0, the anchor, not at all),
-the weighted mean over every block.
+the weighted mean over every block. With heads.sample_from_anchor (DSpark's default, the speculators library's) slot
+k is trained to the token k + 1 after the anchor, weighted exp(-k / gamma) from slot 0 on.
+
+draw_blocks draws the blocks (Blocks) and block_loss is the method's loss on them (DSpark's: dspark_training.py).
 
     module = DFlashFitModule(heads, base_model, DFlashRecipe(kind="dflash", num_anchors=32, loss_decay_gamma=7.0))
 """
@@ -49,6 +52,50 @@ def draw_anchors(valid: torch.Tensor, n: int, generator=None) -> tuple[torch.Ten
     return anchors.masked_fill(~keep, 0), keep
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """A batch's drawn blocks: anchors and keep [B, N] (draw_anchors), and per block slot [B, N, bs]: ids (the anchor,
+    then masks), at (the position of the token the slot drafts), target (that token), prev (the token before it:
+    the slot's Markov input), weight (its position weight where it is trained: a kept block, an assistant target
+    inside the sequence; 0 elsewhere); pos [B, T + N * bs] the context's positions then the slots'; layout the
+    blocks' attention (block_attention)."""
+    anchors: torch.Tensor
+    keep: torch.Tensor
+    ids: torch.Tensor
+    at: torch.Tensor
+    target: torch.Tensor
+    prev: torch.Tensor
+    weight: torch.Tensor
+    pos: torch.Tensor
+    layout: BlockLayout
+
+
+def draw_blocks(ids: torch.Tensor, loss_mask: torch.Tensor, module, num_anchors: int, gamma: float | None,
+                anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> Blocks:
+    """The blocks of a batch (ids, loss_mask [B, T]) for `module` (its block size, mask token and first_slot):
+    up to num_anchors anchors drawn among the assistant positions where a whole block fits (or `anchors`, an
+    (anchors, keep) pair, as given); slot k drafts the token at anchor + k + 1 - first_slot."""
+    B, T = ids.shape
+    bs, f = module.block_size, module.first_slot
+    if anchors is None:
+        valid = loss_mask.clone()
+        valid[:, max(T - bs + f, 0):] = False                          # the block's last target fits
+        anchors = draw_anchors(valid, num_anchors)
+    starts, keep = anchors
+    N = starts.shape[1]
+    slots = torch.arange(bs, device=ids.device)
+    at = starts[..., None] + slots + (1 - f)                                            # [B, N, bs]
+    inside = at < T
+    gather = lambda where: ids.gather(1, where.clamp(max=T - 1).view(B, -1)).view(B, N, bs)   # noqa: E731
+    block_ids = torch.full((B, N, bs), module.mask_token_id, dtype=torch.long, device=ids.device)
+    block_ids[..., 0] = torch.where(keep, ids.gather(1, starts), block_ids[..., 0])
+    pos = torch.cat([torch.arange(T, device=ids.device).expand(B, T), (starts[..., None] + slots).view(B, -1)], 1)
+    trained = keep[..., None] & inside & loss_mask.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)
+    weight = trained.float() * torch.tensor(position_weights(bs, gamma, f), device=ids.device)
+    prev = gather(torch.maximum(at - 1, starts[..., None]))        # the token before the target (slot 0: the anchor)
+    return Blocks(starts, keep, block_ids, at, gather(at), prev, weight, pos, BlockLayout(starts, keep, T, bs))
+
+
 class DFlashFitModule(HeadsModule):
     """The frozen base's tapped features in (from the hidden cache when the batch has them), the draft trained."""
     recipe_type = DFlashRecipe
@@ -57,49 +104,36 @@ class DFlashFitModule(HeadsModule):
         heads, module, r = self.heads, self.heads.draft_module, self.recipe
         ids, labels = batch["input_ids"], batch["labels"]
         B, T = ids.shape
-        bs, h = module.block_size, self.heads.config.hidden_size
-        feats = self.base_hidden(batch)[..., h:]                                            # [B, T, taps * h]
-        loss_mask = labels != IGNORE_INDEX                                                  # assistant tokens
-        valid = loss_mask.clone()
-        valid[:, max(T - bs + 1, 0):] = False                                               # a whole block fits
-        anchors, keep = draw_anchors(valid, r.num_anchors)
-        N = anchors.shape[1]
-        offsets = torch.arange(bs, device=ids.device)
-        at = anchors[..., None] + offsets                                                   # [B, N, bs]
-        block_ids = torch.full((B, N, bs), module.mask_token_id, dtype=torch.long, device=ids.device)
-        block_ids[..., 0] = torch.where(keep, ids.gather(1, anchors), block_ids[..., 0])
-        pos = torch.cat([torch.arange(T, device=ids.device).expand(B, T), at.view(B, -1)], dim=1)
-        layout = BlockLayout(anchors, keep, T, bs)               # block_mask's attention, without its dense scores
-        out = module(feats, block_ids.view(B, -1), pos, mask=layout).view(B, N, bs, -1)   # [B, N, bs, h]
-        target = ids.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)
-        weight = (keep[..., None] & (at < T) &
-                  loss_mask.gather(1, at.clamp(max=T - 1).view(B, -1)).view(B, N, bs)).float()
-        weight = weight * torch.tensor(position_weights(bs, r.loss_decay_gamma), device=ids.device)
-        index = heads.to_draft_index(target)
-        weight = weight * (index >= 0)                                  # a token outside the draft vocabulary
-        prev = torch.cat([block_ids[..., :1], target[..., :-1]], -1)   # the true token before each position (k >= 1)
-        logits, extra = self.block_logits(out, prev, index, weight)                         # [B, N, bs, Vd]
-        ce = F.cross_entropy(logits.flatten(0, 2).float(), index.clamp(min=0).flatten(), reduction="none")
-        loss = (ce * weight.flatten()).sum() / weight.sum().clamp(min=1e-6)
-        loss = loss if extra is None else loss + extra
+        bs, f, h = module.block_size, module.first_slot, self.heads.config.hidden_size
+        both = self.base_hidden(batch)                                    # [B, T, h (final) + taps * h]
+        blocks = draw_blocks(ids, labels != IGNORE_INDEX, module, r.num_anchors, r.loss_decay_gamma)
+        N = blocks.anchors.shape[1]
+        out = module(both[..., h:], blocks.ids.view(B, -1), blocks.pos, mask=blocks.layout).view(B, N, bs, -1)
+        index = heads.to_draft_index(blocks.target)
+        weight = blocks.weight * (index >= 0)                             # a token outside the draft vocabulary
+        loss, logits, ce, extra = self.block_loss(out, blocks, index, weight, both[..., :h])
         per_head = []
-        for k in range(1, bs):                                           # "head" k - 1: the token k after the anchor
+        for k in range(f, bs):                                 # "head" k - f: the token k + 1 - f after the anchor
             sel = weight[..., k] > 0
             if not sel.any():
                 per_head.append(None)
                 continue
-            loss_k = (ce.view(B, N, bs)[..., k][sel]).mean()
-            per_head.append((loss_k.detach(), logits[..., k, :][sel].detach(), target[..., k][sel]))
-        return loss, per_head, {"blocks": keep.sum().float(), **({"extra_loss": extra.detach()} if extra is not None
-                                                                  else {})}
+            per_head.append((ce[..., k][sel].mean(), logits[..., k, :][sel].detach(), blocks.target[..., k][sel]))
+        return loss, per_head, {"blocks": blocks.keep.sum().float(), **extra}
 
-    def block_logits(self, out, prev, index, weight) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The blocks' logits [B, N, bs, Vd] and a loss term of the method's own beside the cross-entropy (None):
-        DFlash's, the LM head alone (DSpark adds its heads: dspark_training.py)."""
-        return self.heads.lm_head(0, out), None
+    def block_loss(self, out, blocks: Blocks, index, weight, final) -> tuple[torch.Tensor, torch.Tensor,
+                                                                             torch.Tensor, dict]:
+        """(loss, the blocks' logits [B, N, bs, Vd], each slot's cross-entropy [B, N, bs] detached, extra figures to
+        log): DFlash's, the LM head's cross-entropy weighted by position, over the sum of the weights."""
+        logits = self.heads.lm_head(0, out)
+        ce = F.cross_entropy(logits.flatten(0, 2).float(), index.clamp(min=0).flatten(), reduction="none")
+        ce = ce.view(weight.shape)
+        return (ce * weight).sum() / weight.sum().clamp(min=1e-6), logits, ce.detach(), {}
 
 
-def position_weights(block: int, gamma: float | None) -> list[float]:
-    """The loss weight of each block position: 0 for the anchor, exp(-(k - 1) / gamma) for position k (1 without a
-    gamma)."""
-    return [0.0] + [math.exp(-(k - 1) / gamma) if gamma else 1.0 for k in range(1, block)]
+def position_weights(block: int, gamma: float | None, first_slot: int = 1) -> list[float]:
+    """The loss weight of each block slot k: exp(-(k - first_slot) / gamma) from the first drafting slot on (1
+    without a gamma), 0 for the anchor's slot when it drafts nothing (first_slot 1), as the library's
+    dflash_loss_decay."""
+    return [0.0] * first_slot + [math.exp(-(k - first_slot) / gamma) if gamma else 1.0
+                                 for k in range(first_slot, block)]
