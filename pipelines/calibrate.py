@@ -192,8 +192,8 @@ def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: 
     overhead_s = parts["draft"] + parts["lm_head"] + parts["accept"] + parts["commit"]
     tps = predicted_tokens_per_s(L, verify_s, overhead_s)
     return {"budget": spec.num_nodes, "depth": spec.depth, "predicted_accept_length": L,
-            "empirical_accept_length": empirical_accept_length(ranks, paths, spec.topk),
-            "replay_accept_length": replay_accept_length(ranks, paths, spec.topk),
+            "empirical_accept_length": empirical_accept_length(ranks, paths, spec.top_k),
+            "replay_accept_length": replay_accept_length(ranks, paths, spec.top_k),
             "verify_s": verify_s, "overhead_s": overhead_s, "step_parts_s": parts,
             "predicted_step_s": verify_s + overhead_s, "predicted_tokens_per_s": tps,
             "predicted_speedup": tps * latency["baseline_step_s"], "paths": sort_paths(spec.paths)}
@@ -203,7 +203,7 @@ def add_batch_drafting(cfg: DictConfig, rows: list[dict], batch: dict | None, mo
     """Each candidate's batched draft at every batch size > 1 of the batch profile ("batch_draft_s": {B: s}), which
     the tree per batch size is chosen with (calibrate_batch.py)."""
     sizes = [int(b) for b in (batch or {}).get("batch_sizes", []) if int(b) > 1]
-    c, K = cfg.profile.calibrate, int(cfg.profile.calibrate.topk)
+    c, K = cfg.profile.calibrate, int(cfg.profile.calibrate.top_k)
     for row in rows if sizes else []:
         spec = TreeSpec(f"{cfg.heads.name}_b{row['budget']}", tuple(tuple(p) for p in row["paths"]), K)
         row["batch_draft_s"] = batch_draft_timings(model, heads, spec, sizes, int(c.latency_repeats),
@@ -233,7 +233,7 @@ def chain_lengths(budgets, depth: int) -> list[int]:
 def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list, list, dict, float]:
     """(a row per greedy tree of each budget, a row per chain of chain_lengths, {fixed tree name: its row} for the
     fixed trees the heads can draft, how the verify forwards timed now compare with the latency profile)."""
-    K, D = int(cfg.profile.calibrate.topk), heads.config.num_heads
+    K, D = int(cfg.profile.calibrate.top_k), heads.config.num_heads
     rows = [evaluate_tree(TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K), acc, ranks,
                           latency, model, heads, cfg) for n in cfg.profile.calibrate.budgets]
     chains = [dict(evaluate_tree(chain_tree(n, K, f"{cfg.heads.name}_chain{n}"), acc, ranks, latency, model, heads,
@@ -241,7 +241,7 @@ def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list,
     fixed = {}
     for name in FIXED_TREES:
         spec = fixed_tree(cfg, name)
-        if spec.depth <= D and spec.topk == K:
+        if spec.depth <= D and spec.top_k == K:
             fixed[name] = evaluate_tree(spec, acc, ranks, latency, model, heads, cfg)
     # the profile and the step timings are taken minutes apart: on a shared machine they can disagree
     drift = float(np.median([r["step_parts_s"]["verify"] / r["verify_s"] for r in rows]))
@@ -255,16 +255,16 @@ def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list,
 def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, acc) -> tuple[dict, list]:
     """Every budget's tree, optimal_tree.json (what tree=optimal loads), calibration.json, the metrics and the
     plots; -> (metrics, written files)."""
-    out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["topk"]
+    out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["top_k"]
     shutil.rmtree(out / "trees", ignore_errors=True)          # no stale budgets from an earlier run
     out.mkdir(parents=True, exist_ok=True)
     for row in rows + result["chains"]:
         shape = "chain" if row.get("shape") == "chain" else "budget"
         write_json(out / "trees" / f"{shape}_{row['budget']}.json",
-                   {"name": f"{cfg.heads.name}_{shape}{row['budget']}", "paths": row["paths"], "topk": K,
+                   {"name": f"{cfg.heads.name}_{shape}{row['budget']}", "paths": row["paths"], "top_k": K,
                     "budget": row["budget"], "predicted_accept_length": row["predicted_accept_length"]})
     write_json(out / "optimal_tree.json", {
-        "name": "optimal", "paths": chosen["paths"], "topk": K, "budget": chosen["budget"],
+        "name": "optimal", "paths": chosen["paths"], "top_k": K, "budget": chosen["budget"],
         "predicted_accept_length": chosen["predicted_accept_length"],
         "predicted_tokens_per_s": chosen["predicted_tokens_per_s"], "heads": cfg.heads.name,
         "machine": result["machine"]})
@@ -305,7 +305,7 @@ def calibrate(cfg: DictConfig) -> dict:
     base, tokenizer = load_model(cfg, device=device)
     model, heads, _ = load_for_decoding(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # LoRA merged
     latency = load_latency(cfg, model, device)
-    D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.topk), cfg.heads.name
+    D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.top_k), cfg.heads.name
     t0 = time.perf_counter()
     prompts, seqs = calibration_sequences(cfg, model, tokenizer)                         # 1) sequences
     ranks = [sequence_ranks(model, heads, s, len(p) - 1, K) for s, p in zip(seqs, prompts) if len(s) >= len(p) + 1]
@@ -319,7 +319,7 @@ def calibrate(cfg: DictConfig) -> dict:
     add_batch_drafting(cfg, rows + chains, latency.get("batch"), model, heads)
     grown = grown_rows(cfg, model, heads, prompts, seqs, latency)
     result = {
-        "heads": name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
+        "heads": name, "family": heads.config.family, "model": cfg.model.name, "top_k": K, "num_heads": D,
         "draft_vocab_size": heads.config.draft_vocab_size, "continuation": cfg.profile.calibrate.continuation,
         "num_sequences": len(ranks), "num_positions": int(counts[0]), "acc": acc.tolist(),
         "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),

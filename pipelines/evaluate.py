@@ -126,7 +126,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Contender], quest
     libraries and the hardware and threads (timings are only comparable there)."""
     methods_now = [{"name": m.name, **m.describe(), "step_cost": m.step_cost,     # a grown tree: describe()'s "grown"
                     "paths": [list(p) for p in getattr(m.tree, "paths", ())] if m.tree else None,
-                    "topk": getattr(m.tree, "topk", None)} for m in methods]
+                    "top_k": getattr(m.tree, "top_k", None)} for m in methods]
     qtext = json.dumps([[q.question_id, q.category, list(q.turns)] for q in questions])
     settings = {"layout": RECORDS_LAYOUT, "tag": sel.tag, "mode": sel.mode, "seed": int(cfg.seed),
                 "model": plain(cfg.model), "profile": {"name": cfg.profile.name, "eval": plain(cfg.profile.eval)},

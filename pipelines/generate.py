@@ -166,8 +166,9 @@ def main(cfg: DictConfig) -> None:
         prepare_heads_for_decoding(heads)
     tree, new_drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=cut per step by cost, tree=optimal_pld with prompt lookup
-        tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
-        new_drafter = functools.partial(make_drafter, heads_spec(cfg, tree, step_cost, with_lookup), heads=heads)
+        option = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
+        tree = option.tree
+        new_drafter = functools.partial(make_drafter, heads_spec(cfg, option), heads=heads)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),

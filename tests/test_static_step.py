@@ -59,7 +59,7 @@ def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
     state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
     static = attach_static(state, None, max_new_tokens=16, buckets=(1, 4, 8))
     past = state.past
-    tree = tree_from_config({"name": "t", "kind": "paths", "topk": 10, "paths": [[0], [1], [0, 0], [0, 1]]})
+    tree = tree_from_config({"name": "t", "kind": "paths", "top_k": 10, "paths": [[0], [1], [0, 0], [0, 1]]})
     buf = TreeBuffers.build(tree)
     n = buf.num_tokens                                                        # 5 with the root: padded to 8
     mask = verify_masks(model.config, buf, past, torch.float32, "cpu")

@@ -64,7 +64,7 @@ def same_size_fixed(spec: TreeSpec, nodes: int) -> TreeSpec:
     for path in spec.paths:
         if len(kept) < nodes and (len(path) == 1 or tuple(path[:-1]) in kept):
             kept.append(tuple(path))
-    return TreeSpec(f"fixed{len(kept)}", tuple(kept), spec.topk)
+    return TreeSpec(f"fixed{len(kept)}", tuple(kept), spec.top_k)
 
 
 def step_ms(row: dict) -> float:
