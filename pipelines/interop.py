@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
     if not all(passed(v) for v in verdicts.values()):
         print("INTEROP FAILED: the golden file is not written", flush=True)
         sys.exit(1)
-    write_golden(result, inputs, heads, args.seed, args.top_k)
+    write_golden(result, inputs, heads, args.seed, args.topk)
     return verdicts
 
 
