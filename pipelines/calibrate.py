@@ -44,7 +44,7 @@ from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.calibrate_plots import plot_calibration, plot_latency
 from pipelines.common import (conf_option, flat_metrics, heads_options, load_model, log, mlflow_run, run_record,
                               stage, write_json)
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
 
@@ -72,7 +72,8 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
     if 1 not in sizes:
         raise ValueError(f"profile.calibrate.latency_sizes={sizes} must include 1 (the autoregressive baseline's step)")
     log.info("verify latency: sizes %s, %d repeats, %d-token prefix", sizes, c.latency_repeats, c.latency_prefix)
-    prof = verify_latency_profile(model, sizes, int(c.latency_repeats), int(c.latency_prefix))
+    prof = verify_latency_profile(model, sizes, int(c.latency_repeats), int(c.latency_prefix),
+                                  static=static_step(cfg, device))
     record = {"model": cfg.model.name, "dtype": cfg.model.dtype, "machine": machine_description(device),
               "prefix_len": int(c.latency_prefix), "repeats": int(c.latency_repeats), "statistic": "median",
               "sizes": sizes, "seconds": prof["forward_s"],                          # verify forward, no LM head
@@ -170,7 +171,8 @@ def cached_continuations(cfg: DictConfig, model, tokenizer, prompts: list[list[i
         log.info("greedy continuations from %s", path)
         return json.loads(path.read_text())["sequences"]
     t0 = time.perf_counter()
-    seqs = greedy_continuations(model, prompts, max_new, stops)
+    seqs = greedy_continuations(model, prompts, max_new, stops,
+                                static=static_step(cfg, next(model.parameters()).device))
     write_json(path, {"model": cfg.model.name, "max_new_tokens": max_new, "sequences": seqs})
     log.info("%d greedy continuations in %.0f s -> %s", len(seqs), time.perf_counter() - t0, path)
     return seqs

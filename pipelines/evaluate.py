@@ -64,7 +64,7 @@ from models.measure.stage_metrics import metrics_of
 from models.hardware import applied_host_settings, host_record, machine_label
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
 from pipelines.stage_clock import StageClock
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 from pipelines.deps import code_digest
 from pipelines.methods import (Contender, Kind, Selection, build_methods, drafter_for, question_subsets, selection,
                                tree_question_limits)
@@ -107,7 +107,8 @@ def generate_turn(method: Contender, tokenizer, input_ids: list[int], cfg: DictC
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
     return generate(method.model, tokenizer, input_ids, drafter_for(method, cfg),
-                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
+                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
+                    static=static_step(cfg, next(method.model.parameters()).device))
 
 
 # -- 2) what stored results belong to ------------------------------------------------------------

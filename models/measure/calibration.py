@@ -79,13 +79,14 @@ def model_fingerprint(model) -> str:
 
 
 def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                         stop_token_ids: Sequence[int] = ()) -> list[list[int]]:
+                         stop_token_ids: Sequence[int] = (), static: bool = False) -> list[list[int]]:
     """Each prompt followed by the base model's greedy answer (up to and including a stop token),
-    decoded by the evaluation's own autoregressive baseline (models.engine.decoding.generate, heads=None)."""
+    decoded by the evaluation's own autoregressive baseline (models.engine.decoding.generate, heads=None; static:
+    with the static step, as the stage's host setting says)."""
     from models.engine.decoding import generate
 
     return [list(p) + generate(model, None, list(p), max_new_tokens=max_new_tokens,
-                               stop_token_ids=list(stop_token_ids)).new_tokens for p in prompts]
+                               stop_token_ids=list(stop_token_ids), static=static).new_tokens for p in prompts]
 
 
 @torch.no_grad()
