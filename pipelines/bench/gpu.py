@@ -257,12 +257,11 @@ def hf_static_figures(model, s: dict) -> dict:
     return out
 
 
-def measure_setting(cfg, model, s: dict, setting: str) -> dict:
+def measure_setting(cfg, model, s: dict, setting: str, static: bool) -> dict:
     """Every figure of FIGURES but transformers' static-cache generate, for one shape under the host settings in
-    force."""
+    force, with the static step where `static`."""
     device, t0 = s["device"], time.perf_counter()
     prompt = bench_prompt(model, s)
-    static = setting_static(cfg, device, setting)
     prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]), static=static)
     decode = our_decode(model, prompt, static)
     decode(4)                                                                                   # warm up
@@ -298,26 +297,16 @@ def batch_verify(model, s: dict) -> dict:
 SETTINGS = ("torch_defaults", "host_settings", "static_step", "static_drafts")
 
 
-def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> dict:
-    """Put torch in one of SETTINGS for `device`; -> the host record (models.hardware.host_record)."""
+def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> tuple[dict, bool]:
+    """Put torch in one of SETTINGS for `device`; -> (the host record (models.hardware.host_record), whether the
+    setting decodes with the static step: pipelines/host.py static_step)."""
     if setting == "torch_defaults":
-        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False)
-    return apply_host(setting_cfg(cfg, setting), device)
-
-
-def setting_cfg(cfg: DictConfig, setting: str) -> DictConfig:
-    """The config a setting of SETTINGS (but torch_defaults) runs under: the static ones with host.static_step."""
-    if setting not in ("static_step", "static_drafts"):
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
-    return cfg
-
-
-def setting_static(cfg: DictConfig, device: str, setting: str) -> bool:
-    """Whether a setting decodes with the static step (torch_defaults: never; on a CPU: never)."""
-    return setting != "torch_defaults" and static_step(setting_cfg(cfg, setting), device)
+        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False), False
+    if setting in ("static_step", "static_drafts"):
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
+    return apply_host(cfg, device), static_step(cfg, device)
 
 
 def device_slug(device: str) -> str:
@@ -363,12 +352,11 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
         model = build_shape(name, device, s["dtype"])
         rows = {}
         for setting in s["settings"]:                             # heads are built per setting: not in inference mode
-            host = apply_setting(cfg, device, setting, default_threads)
+            host, static = apply_setting(cfg, device, setting, default_threads)
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
-                                      "static_step": bool(host["host_settings"].get("static_step", False)),
-                                      "static_drafts": setting == "static_drafts" and is_cuda(device)},
-                             "host_record": host, **measure_setting(cfg, model, s, setting)}
+                                      "static_step": static, "static_drafts": setting == "static_drafts" and static},
+                             "host_record": host, **measure_setting(cfg, model, s, setting, static)}
             if setting in ("static_step", "static_drafts") and "host_settings" in rows:
                 ref, got = rows["host_settings"]["plain_tokens"], rows[setting]["plain_tokens"]
                 rows[setting]["plain_tokens_equal_host_settings"] = ref == got
