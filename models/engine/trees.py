@@ -227,7 +227,7 @@ def tree_option(cfg, name: str | None = None) -> TreeOption:
         raise ValueError(f"tree={name} was renamed tree={get('renamed_to')} (a fixed tree cut per step by cost; "
                          "'dynamic' names only trees grown per step: dynamic_optimal, eagle2)")
     missing = sorted(k for k in KIND_KEYS[kind] if get(k) is None)
-    if missing and kind != "grown":                  # a grown tree's: GrownTree names them with its own defaults
+    if missing and kind != "grown":                  # a grown tree's: GrownTree.from_config names them
         raise ValueError(f"{where}: kind {kind} needs {missing}")
     # a grown tree's numbers go to GrownTree as written, whose error names the value as given
     number = {k: get(k) if kind == "grown" or get(k) is None else whole(get(k), f"{where}: {k}")
