@@ -45,7 +45,8 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 # an H100 against 20.2 eager, but off by default: its bf16 greedy output left the eager step's at a margin beyond the
 # tie rule on a random 7B (docs/engine.md).
 CUDA_HOST_DEFAULTS = {"threads": 1, "cudnn_attention": False, "static_step": False}
-HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process (host_record reports it)
+HOST_SETTINGS: dict = {}         # what apply_host_settings chose last in this process: a record (host_record), which
+                                 # nothing decodes by (the stages pass the static step: pipelines/host.py static_step)
 
 
 def is_cuda(device) -> bool:
@@ -74,8 +75,8 @@ def choose_host_settings(device, threads="default", cudnn_attention="default", s
 
 def apply_host_settings(device, threads="default", cudnn_attention="default", static_step="default") -> dict:
     """Choose (choose_host_settings) and set the host settings for decoding on `device`; -> host_record(device).
-    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step is read by
-    the decoder (models.engine.decoding.generate) from HOST_SETTINGS."""
+    Call it after the stage has set its own CPU threads: on CUDA the host settings win. static_step is only
+    recorded here: the stages pass it to the decoder themselves (pipelines/host.py static_step)."""
     chosen = choose_host_settings(device, threads, cudnn_attention, static_step)
     if "threads" in chosen:
         torch.set_num_threads(chosen["threads"])

@@ -45,7 +45,7 @@ from pipelines.calibrate_grown import DYNAMIC_FILE, grown_rows, write_grown
 from pipelines.calibrate_plots import plot_calibration, plot_latency
 from pipelines.common import (conf_option, flat_metrics, heads_options, load_model, log, mlflow_run, run_record,
                               stage, write_json)
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 FIXED_TREES = ("chain4", "sparse64")   # the papers' tree and the chain, predicted for comparison
 
@@ -73,7 +73,8 @@ def measure_latency(cfg: DictConfig, model, device: str) -> dict:
     if 1 not in sizes:
         raise ValueError(f"profile.calibrate.latency_sizes={sizes} must include 1 (the autoregressive baseline's step)")
     log.info("verify latency: sizes %s, %d repeats, %d-token prefix", sizes, c.latency_repeats, c.latency_prefix)
-    prof = verify_latency_profile(model, sizes, int(c.latency_repeats), int(c.latency_prefix))
+    prof = verify_latency_profile(model, sizes, int(c.latency_repeats), int(c.latency_prefix),
+                                  static=static_step(cfg, device))
     record = {"model": cfg.model.name, "dtype": cfg.model.dtype, "machine": machine_description(device),
               "prefix_len": int(c.latency_prefix), "repeats": int(c.latency_repeats), "statistic": "median",
               "sizes": sizes, "seconds": prof["forward_s"],                          # verify forward, no LM head
@@ -173,7 +174,8 @@ def cached_continuations(cfg: DictConfig, model, tokenizer, prompts: list[list[i
         log.info("greedy continuations from %s", path)
         return json.loads(path.read_text())["sequences"]
     t0 = time.perf_counter()
-    seqs = greedy_continuations(model, prompts, max_new, stops)
+    seqs = greedy_continuations(model, prompts, max_new, stops,
+                                static=static_step(cfg, next(model.parameters()).device))
     write_json(path, {"model": cfg.model.name, "max_new_tokens": max_new, "sequences": seqs})
     log.info("%d greedy continuations in %.0f s -> %s", len(seqs), time.perf_counter() - t0, path)
     return seqs
@@ -195,8 +197,8 @@ def evaluate_tree(spec: TreeSpec, acc, ranks, latency: dict, model, heads, cfg: 
     overhead_s = parts["draft"] + parts["lm_head"] + parts["accept"] + parts["commit"]
     tps = predicted_tokens_per_s(L, verify_s, overhead_s)
     return {"budget": spec.num_nodes, "depth": spec.depth, "predicted_accept_length": L,
-            "empirical_accept_length": empirical_accept_length(ranks, paths, spec.topk),
-            "replay_accept_length": replay_accept_length(ranks, paths, spec.topk),
+            "empirical_accept_length": empirical_accept_length(ranks, paths, spec.top_k),
+            "replay_accept_length": replay_accept_length(ranks, paths, spec.top_k),
             "verify_s": verify_s, "overhead_s": overhead_s, "step_parts_s": parts,
             "predicted_step_s": verify_s + overhead_s, "predicted_tokens_per_s": tps,
             "predicted_speedup": tps * latency["baseline_step_s"], "paths": sort_paths(spec.paths)}
@@ -206,7 +208,7 @@ def add_batch_drafting(cfg: DictConfig, rows: list[dict], batch: dict | None, mo
     """Each candidate's batched draft at every batch size > 1 of the batch profile ("batch_draft_s": {B: s}), which
     the tree per batch size is chosen with (calibrate_batch.py)."""
     sizes = [int(b) for b in (batch or {}).get("batch_sizes", []) if int(b) > 1]
-    c, K = cfg.profile.calibrate, int(cfg.profile.calibrate.topk)
+    c, K = cfg.profile.calibrate, int(cfg.profile.calibrate.top_k)
     for row in rows if sizes else []:
         spec = TreeSpec(f"{cfg.heads.name}_b{row['budget']}", tuple(tuple(p) for p in row["paths"]), K)
         row["batch_draft_s"] = batch_draft_timings(model, heads, spec, sizes, int(c.latency_repeats),
@@ -236,7 +238,7 @@ def chain_lengths(budgets, depth: int) -> list[int]:
 def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list, list, dict, float]:
     """(a row per greedy tree of each budget, a row per chain of chain_lengths, {fixed tree name: its row} for the
     fixed trees the heads can draft, how the verify forwards timed now compare with the latency profile)."""
-    K, D = int(cfg.profile.calibrate.topk), heads.config.num_heads
+    K, D = int(cfg.profile.calibrate.top_k), heads.config.num_heads
     rows = [evaluate_tree(TreeSpec(f"{cfg.heads.name}_budget{n}", tuple(greedy_tree(acc, int(n))), K), acc, ranks,
                           latency, model, heads, cfg) for n in cfg.profile.calibrate.budgets]
     chains = [dict(evaluate_tree(chain_tree(n, K, f"{cfg.heads.name}_chain{n}"), acc, ranks, latency, model, heads,
@@ -244,7 +246,7 @@ def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list,
     fixed = {}
     for name in FIXED_TREES:
         spec = fixed_tree(cfg, name)
-        if spec.depth <= D and spec.topk == K:
+        if spec.depth <= D and spec.top_k == K:
             fixed[name] = evaluate_tree(spec, acc, ranks, latency, model, heads, cfg)
     # the profile and the step timings are taken minutes apart: on a shared machine they can disagree
     drift = float(np.median([r["step_parts_s"]["verify"] / r["verify_s"] for r in rows]))
@@ -258,16 +260,16 @@ def tree_rows(cfg: DictConfig, acc, ranks, latency, model, heads) -> tuple[list,
 def write_calibration(cfg: DictConfig, result: dict, rows: list, chosen: dict, acc) -> tuple[dict, list]:
     """Every budget's tree, optimal_tree.json (what tree=optimal loads), calibration.json, the metrics and the
     plots; -> (metrics, written files)."""
-    out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["topk"]
+    out, K = Path(cfg.paths.results) / "calibrate" / cfg.heads.name, result["top_k"]
     shutil.rmtree(out / "trees", ignore_errors=True)          # no stale budgets from an earlier run
     out.mkdir(parents=True, exist_ok=True)
     for row in rows + result["chains"]:
         shape = "chain" if row.get("shape") == "chain" else "budget"
         write_json(out / "trees" / f"{shape}_{row['budget']}.json",
-                   {"name": f"{cfg.heads.name}_{shape}{row['budget']}", "paths": row["paths"], "topk": K,
+                   {"name": f"{cfg.heads.name}_{shape}{row['budget']}", "paths": row["paths"], "top_k": K,
                     "budget": row["budget"], "predicted_accept_length": row["predicted_accept_length"]})
     write_json(out / "optimal_tree.json", {
-        "name": "optimal", "paths": chosen["paths"], "topk": K, "budget": chosen["budget"],
+        "name": "optimal", "paths": chosen["paths"], "top_k": K, "budget": chosen["budget"],
         "predicted_accept_length": chosen["predicted_accept_length"],
         "predicted_tokens_per_s": chosen["predicted_tokens_per_s"], "heads": cfg.heads.name,
         "machine": result["machine"]})
@@ -308,7 +310,7 @@ def calibrate(cfg: DictConfig) -> dict:
     base, tokenizer = load_model(cfg, device=device)
     model, heads, _ = load_for_decoding(Path(cfg.paths.results) / "heads" / cfg.heads.name, base)   # LoRA merged
     latency = load_latency(cfg, model, device)
-    D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.topk), cfg.heads.name
+    D, K, name = heads.config.num_heads, int(cfg.profile.calibrate.top_k), cfg.heads.name
     t0 = time.perf_counter()
     prompts, seqs = calibration_sequences(cfg, model, tokenizer)                         # 1) sequences
     ranks = [sequence_ranks(model, heads, s, len(p) - 1, K) for s, p in zip(seqs, prompts) if len(s) >= len(p) + 1]
@@ -322,7 +324,7 @@ def calibrate(cfg: DictConfig) -> dict:
     add_batch_drafting(cfg, rows + chains, latency.get("batch"), model, heads)
     grown = grown_rows(cfg, model, heads, prompts, seqs, latency)
     result = {
-        "heads": name, "family": heads.config.family, "model": cfg.model.name, "topk": K, "num_heads": D,
+        "heads": name, "family": heads.config.family, "model": cfg.model.name, "top_k": K, "num_heads": D,
         "draft_vocab_size": heads.config.draft_vocab_size, "continuation": cfg.profile.calibrate.continuation,
         "num_sequences": len(ranks), "num_positions": int(counts[0]), "acc": acc.tolist(),
         "acc_counts": counts.tolist(), "top1_unconditional": top1_unconditional(ranks),

@@ -45,18 +45,18 @@ def batch_choices(rows: list[dict], batch: dict | None, grown: list[dict] = ()) 
             return B * row["predicted_accept_length"] / (verify + own_seconds(row, B))
         best = max(candidates, key=lambda r: (tps(r), -r["budget"]))
         tree = {"kind": "grown", **{k: best[k] for k in ("depth", "top_k", "nodes")}} if best.get("shape") == "grown" \
-            else {"paths": best["paths"], "topk": best.get("topk", 10)}
+            else {"paths": best["paths"], "top_k": best.get("top_k", 10)}
         out[str(B)] = {"name": f"batch_optimal_b{B}", **tree, "budget": best["budget"],
                        "shape": best.get("shape", "tree"), "predicted_accept_length": best["predicted_accept_length"],
                        "predicted_tokens_per_s": tps(best)}
     return out
 
 
-def write_batch_trees(folder: Path, heads: str, choices: dict[str, dict], topk: int) -> dict:
+def write_batch_trees(folder: Path, heads: str, choices: dict[str, dict], top_k: int) -> dict:
     """batch_trees.json -> the metrics ({batch_chosen_budget: {B: nodes}})."""
     if not choices:
         (folder / BATCH_FILE).unlink(missing_ok=True)          # none from an earlier run with batch sizes
         return {}
-    write_json(folder / BATCH_FILE, {"heads": heads, "trees": {B: {"topk": topk, **c} for B, c in choices.items()}})
+    write_json(folder / BATCH_FILE, {"heads": heads, "trees": {B: {"top_k": top_k, **c} for B, c in choices.items()}})
     log.info("%s: trees per batch size %s", heads, {B: c["budget"] for B, c in choices.items()})
     return {"batch_chosen_budget": {B: c["budget"] for B, c in choices.items()}}

@@ -64,7 +64,7 @@ from models.measure.stage_metrics import metrics_of
 from models.hardware import applied_host_settings, host_record, machine_label
 from pipelines.common import load_model, log, mlflow_run, run_record, stage, stop_token_ids, write_json
 from pipelines.stage_clock import StageClock
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 from pipelines.deps import code_digest
 from pipelines.methods import (Contender, Kind, Selection, build_methods, drafter_for, question_subsets, selection,
                                tree_question_limits)
@@ -107,7 +107,8 @@ def generate_turn(method: Contender, tokenizer, input_ids: list[int], cfg: DictC
                                       max_ngram=int(hf.max_ngram), temperature=temperature,
                                       stop_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id)
     return generate(method.model, tokenizer, input_ids, drafter_for(method, cfg),
-                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids)
+                    sampling=sampling_for(cfg, temperature, seed), max_new_tokens=max_new, stop_token_ids=stop_ids,
+                    static=static_step(cfg, next(method.model.parameters()).device))
 
 
 # -- 2) what stored results belong to ------------------------------------------------------------
@@ -126,7 +127,7 @@ def fingerprint(cfg: DictConfig, sel: Selection, methods: list[Contender], quest
     libraries and the hardware and threads (timings are only comparable there)."""
     methods_now = [{"name": m.name, **m.describe(), "step_cost": m.step_cost,     # a grown tree: describe()'s "grown"
                     "paths": [list(p) for p in getattr(m.tree, "paths", ())] if m.tree else None,
-                    "topk": getattr(m.tree, "topk", None)} for m in methods]
+                    "top_k": getattr(m.tree, "top_k", None)} for m in methods]
     qtext = json.dumps([[q.question_id, q.category, list(q.turns)] for q in questions])
     settings = {"layout": RECORDS_LAYOUT, "tag": sel.tag, "mode": sel.mode, "seed": int(cfg.seed),
                 "model": plain(cfg.model), "profile": {"name": cfg.profile.name, "eval": plain(cfg.profile.eval)},

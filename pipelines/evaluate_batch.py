@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.batch import generate_batch
 from models.engine.drafting import make_drafter
 from models.engine.path_choice import prepare_for_decoding
-from models.engine.trees import tree_from_config
+from models.engine.trees import TreeOption, check_spelling, tree_option
 from models.hardware import host_record, machine_label
 from models.measure.lossless import LosslessnessError, judged_difference
 from models.measure.mtbench import chat_input_ids, load_questions, spread
@@ -116,20 +116,21 @@ def methods_for(cfg: DictConfig, model) -> tuple[object, bool, dict]:
                                 "for each batch size (profile.eval.batch_sizes)")
     trees = json.loads(trees_file.read_text())["trees"]
 
-    def tree_for(B: int):
+    def option_for(B: int, lookup: bool) -> TreeOption:
         if str(B) not in trees:
             raise ValueError(f"{trees_file} has trees for batch sizes {sorted(trees, key=int)}, not {B}: rerun "
                              f"calibrate@{cfg.heads.name} with these profile.eval.batch_sizes")
         t = trees[str(B)]
-        if t.get("kind") == "grown":                   # each sequence grows its own, under the same node budget
-            return tree_from_config({"kind": "grown", "name": f"batch_b{B}",
-                                     **{k: t[k] for k in ("depth", "top_k", "nodes")}})
-        return tree_from_config({"kind": "paths", "paths": t["paths"], "topk": t.get("topk", 10), "name": f"batch_b{B}"})
+        check_spelling(t, f"{trees_file}: the tree for B={B}")
+        # a grown tree: each sequence grows its own, under the same node budget
+        keys = ("depth", "top_k", "nodes") if t.get("kind") == "grown" else ("paths", "top_k")
+        return tree_option({"kind": t.get("kind", "paths"), "name": f"batch_b{B}", "lookup": lookup,
+                            **{k: t[k] for k in keys if k in t}})
 
     name = cfg.heads.name
     return model, bool(adapted), {
-        f"{name}-batch": lambda B: make_drafter(heads_spec(cfg, tree_for(B)), heads=heads),
-        f"{name}-batch_pld": lambda B: make_drafter(heads_spec(cfg, tree_for(B), lookup=True), heads=heads)}
+        f"{name}-batch": lambda B: make_drafter(heads_spec(cfg, option_for(B, False)), heads=heads),
+        f"{name}-batch_pld": lambda B: make_drafter(heads_spec(cfg, option_for(B, True)), heads=heads)}
 
 
 def decode_batches(model, prompts: list[list[int]], qids: list[int], B: int, new_drafter, max_new: int,

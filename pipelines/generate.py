@@ -36,7 +36,7 @@ from models.engine.drafting import make_drafter
 from models.methods import load_for_decoding
 from pipelines.methods import heads_spec, random_heads, resolve_tree
 from pipelines.common import load_model, log, mlflow_run, stage, write_json
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
@@ -166,8 +166,9 @@ def main(cfg: DictConfig) -> None:
         prepare_heads_for_decoding(heads)
     tree, new_drafter = None, None
     if heads is not None:     # as evaluate runs it: tree=cut per step by cost, tree=optimal_pld with prompt lookup
-        tree, step_cost, with_lookup = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
-        new_drafter = functools.partial(make_drafter, heads_spec(cfg, tree, step_cost, with_lookup), heads=heads)
+        option = resolve_tree(cfg, OmegaConf.to_container(cfg.tree, resolve=True), cfg.tree.name)
+        tree = option.tree
+        new_drafter = functools.partial(make_drafter, heads_spec(cfg, option), heads=heads)
     sampling = SamplingConfig(temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
                               acceptance=str(cfg.acceptance), seed=int(cfg.seed),
                               epsilon=float(OmegaConf.select(cfg, "eval.typical.epsilon", default=0.09)),
@@ -185,7 +186,8 @@ def main(cfg: DictConfig) -> None:
 
         streamer = Streamer(tok)
         res = generate(model, tok, ids, new_drafter() if new_drafter else None, sampling=sampling,
-                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer)
+                       max_new_tokens=int(cfg.max_new_tokens), on_tokens=streamer,
+                       static=static_step(cfg, next(model.parameters()).device))
         streamer.finish()
         print(f"-- {method}: {len(res.new_tokens)} tokens in {res.wall_time:.2f} s = {res.tokens_per_second:.1f} "
               f"tokens/s; mean accepted length {res.mean_accepted_length:.2f} over {res.steps} steps "

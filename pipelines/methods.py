@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -20,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from models.engine.drafting import StepDrafter, make_drafter, tree_drafter
 from models.engine.fast_inference import prepare_heads_for_decoding
 from models.engine.path_choice import prepare_for_decoding, stock_copy
-from models.engine.trees import GrownTree, TreeSpec, tree_from_config
+from models.engine.trees import GrownTree, TreeOption, TreeSpec, tree_option
 from models.shared import HeadsConfig
 from models.methods import build_heads
 from models.measure.mtbench import spread
@@ -63,13 +62,11 @@ class Contender:
     kind: Kind                     # a Kind or its name
     model: object
     heads: object = None
-    tree: TreeSpec | GrownTree | None = None
+    option: TreeOption | None = None   # kind heads: its tree option (the tree, its per-step cut, a lookup branch)
     heads_name: str | None = None
     family: str | None = None
     reference: str | None = None   # the method whose greedy tokens this one must reproduce
     tree_name: str | None = None   # the conf/tree option (profile.eval.tree_questions is keyed by it)
-    step_cost: list[float] | None = None   # tree cut per step by cost (conf/tree/cut.yaml cut_by_cost)
-    lookup: bool = False           # prompt lookup's chain merged into the tree (conf/tree/optimal_pld.yaml)
     spec: dict | None = None       # kind drafter: its drafter spec (make_drafter)
     assistant: object = None       # kind sps_hf: the draft model as a transformers model (assisted generation)
 
@@ -77,6 +74,21 @@ class Contender:
         if self.kind not in set(Kind):
             raise ValueError(f"contender {self.name!r}: kind {self.kind!r} is not one of {[k.value for k in Kind]}")
         self.kind = Kind(self.kind)
+
+    @property
+    def tree(self) -> TreeSpec | GrownTree | None:
+        return None if self.option is None else self.option.tree
+
+    @property
+    def step_cost(self) -> list[float] | None:
+        """The relative step costs its tree is cut with per step (conf/tree/cut.yaml cut_by_cost), else None."""
+        costs = None if self.option is None else self.option.step_cost
+        return None if costs is None else list(costs)
+
+    @property
+    def lookup(self) -> bool:
+        """Whether prompt lookup's chain joins its tree (conf/tree/optimal_pld.yaml)."""
+        return self.option is not None and self.option.lookup
 
     def describe(self) -> dict:
         return {"kind": self.kind.value, "heads": self.heads_name, "family": self.family,
@@ -132,19 +144,18 @@ def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict
     return OmegaConf.to_container(node, resolve=True)["tree"]
 
 
-def step_cost_for(tree_cfg: dict, tree: TreeSpec, extra_tokens: int = 0) -> list[float] | None:
+def step_cost_for(option: TreeOption, extra_tokens: int = 0) -> list[float] | None:
     """The relative step costs a `cut_by_cost` tree is cut with (from that latency profile), else None; for steps
     of up to the tree's tokens + extra_tokens (a lookup branch's)."""
-    source = tree_cfg.get("cut_by_cost")
-    if not source:
+    if not option.cut_by_cost:
         return None
-    path = Path(str(source))
+    path = Path(option.cut_by_cost)
     if not path.is_file():
-        raise FileNotFoundError(f"tree {tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written by "
-                                "`python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
+        raise FileNotFoundError(f"tree {option.tree.name!r}: cut_by_cost={str(path)!r} does not exist; it is written "
+                                "by `python -m pipelines.calibrate +task=latency` (dvc stage calibrate_latency)")
     prof = json.loads(path.read_text())
     return relative_step_costs(prof["sizes"], prof["forward_lm_head_s"], prof["baseline_step_s"],
-                               tree.num_nodes + 1 + extra_tokens)
+                               option.tree.num_nodes + 1 + extra_tokens)
 
 
 def pld_settings(cfg: DictConfig) -> dict:
@@ -154,12 +165,13 @@ def pld_settings(cfg: DictConfig) -> dict:
             "tokens_per_ngram": None if pld.tokens_per_ngram is None else int(pld.tokens_per_ngram)}
 
 
-def heads_spec(cfg: DictConfig, tree, step_cost: list[float] | None = None, lookup: bool = False) -> dict:
-    """The drafter spec (make_drafter) of draft heads on `tree`: cut per step by `step_cost` where given, with prompt
-    lookup's chain merged in (eval.prompt_lookup.pld) where `lookup`; the one place the evaluation, the batch curve
-    and the generate command build it."""
-    spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
-    return {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if lookup else spec
+def heads_spec(cfg: DictConfig, option: TreeOption) -> dict:
+    """The drafter spec (make_drafter) of draft heads on a tree option: its tree, cut per step by its step costs where
+    it has them, with prompt lookup's chain merged in (eval.prompt_lookup.pld) where it says `lookup`; the one place
+    the evaluation, the batch curve, the generate command and the load bench build it."""
+    spec = {"kind": "heads", "tree": option.tree, "step_cost": None if option.step_cost is None else
+            list(option.step_cost)}
+    return {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)} if option.lookup else spec
 
 
 def drafter_for(method: "Contender", cfg: DictConfig) -> StepDrafter | None:
@@ -170,19 +182,21 @@ def drafter_for(method: "Contender", cfg: DictConfig) -> StepDrafter | None:
         return make_drafter(method.spec)
     if method.kind is not Kind.HEADS:
         return None
-    return make_drafter(heads_spec(cfg, method.tree, method.step_cost, method.lookup), heads=method.heads)
+    return make_drafter(heads_spec(cfg, method.option), heads=method.heads)
 
 
-def resolve_tree(cfg: DictConfig, tree_cfg: dict, option: str) -> tuple[TreeSpec | GrownTree, list[float] | None, bool]:
-    """A resolved conf/tree option -> (its tree, the step costs it is cut with or None, whether prompt lookup's
-    chain joins it). A tree cut per step or grown by a lookup branch is named by the option: the file it reads
-    (the calibrated tree of optimal or cut) is only where it starts."""
-    tree = tree_from_config(tree_cfg)
-    lookup = bool(tree_cfg.get("lookup"))
-    if tree_cfg.get("cut_by_cost") or lookup:
-        tree = dataclasses.replace(tree, name=str(tree_cfg.get("name") or option))
-    extra = int(cfg.eval.prompt_lookup.pld.num_tokens) if lookup else 0
-    return tree, step_cost_for(tree_cfg, tree, extra), lookup
+def resolve_tree(cfg: DictConfig, tree_cfg: dict, name: str) -> TreeOption:
+    """A resolved conf/tree option (tree_config) parsed, with the step costs of its cut where it is cut per step
+    (with_costs). A tree cut per step or grown by a lookup branch is named by the option: the file it reads (the
+    calibrated tree of optimal or cut) is only where it starts."""
+    return with_costs(cfg, tree_option(tree_cfg, name))
+
+
+def with_costs(cfg: DictConfig, option: TreeOption) -> TreeOption:
+    """The option with the relative step costs of its cut_by_cost profile (None: not cut), for steps of its tree
+    and, where prompt lookup joins it, the lookup branch's tokens (eval.prompt_lookup.pld.num_tokens)."""
+    extra = int(cfg.eval.prompt_lookup.pld.num_tokens) if option.lookup else 0
+    return option.with_step_cost(step_cost_for(option, extra))
 
 
 def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
@@ -196,13 +210,13 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
             methods.append(Contender(reference, Kind.REFERENCE, base, heads_name=name, family=heads.config.family,
                                   reference=None))
         for tree_name in sel.trees:
-            tree_option = tree_name or cfg.tree.name
-            tree, step_cost, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_option)
-            tree.check_heads(heads.config.num_heads)
-            if isinstance(tree, GrownTree):
-                tree_drafter(heads, tree)         # a top_k the draft vocabulary cannot give fails here, before decoding
-            methods.append(Contender(f"{name}-{tree_option}", Kind.HEADS, base, heads, tree, name, heads.config.family,
-                                  reference, tree_option, step_cost, lookup))
+            option_name = tree_name or cfg.tree.name
+            option = resolve_tree(cfg, tree_config(cfg, tree_name, name), option_name)
+            option.tree.check_heads(heads.config.num_heads)
+            if isinstance(option.tree, GrownTree):   # a top_k the draft vocabulary cannot give fails here, not later
+                tree_drafter(heads, option.tree)
+            methods.append(Contender(f"{name}-{option_name}", Kind.HEADS, base, heads, option, name,
+                                     heads.config.family, reference, option_name))
         module = heads.draft_module
         if hasattr(module, "to_causal_lm") and cfg.eval.get("sps_hf", {}).get("enabled"):
             # a draft model: transformers' assisted generation with it (its own layers, the base's LM head)

@@ -30,7 +30,7 @@ from tests.test_sampling import MAX_NEW, TOKENS, TOP_K, chi2_pvalue, first_token
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+TREE = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 NEW = 24
 
 
@@ -250,8 +250,8 @@ def test_the_batch_curve_stage_decodes_every_question_in_batches_and_checks_each
     cal = tmp_path / "results" / "calibrate" / "hydra"
     cal.mkdir(parents=True)
     (cal / "batch_trees.json").write_text(json.dumps({"heads": "hydra", "trees": {
-        "1": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3},
-        "2": {"paths": [[0], [1], [0, 0]], "topk": 10, "budget": 3},
+        "1": {"paths": [[0], [1], [0, 0]], "top_k": 10, "budget": 3},
+        "2": {"paths": [[0], [1], [0, 0]], "top_k": 10, "budget": 3},
         "4": {"kind": "grown", "depth": 1, "top_k": 2, "nodes": 3, "budget": 3}}}))     # each sequence grows its own
     refs = batch_cfg(tmp_path, "none", "eval.methods=references")
     run_evaluation(refs)

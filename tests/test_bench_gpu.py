@@ -66,8 +66,8 @@ def test_bench_gpu_judges_a_static_step_difference_by_the_tie_rule(compose_cfg, 
 
     real = gpu.measure_setting
 
-    def flipped(cfg, model, s, setting):
-        row = real(cfg, model, s, setting)
+    def flipped(cfg, model, s, setting, static):
+        row = real(cfg, model, s, setting, static)
         if setting == "static_step":
             row["plain_tokens"] = row["plain_tokens"][:2] + [(row["plain_tokens"][2] + 1) % 7] + row["plain_tokens"][3:]
         return row

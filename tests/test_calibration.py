@@ -20,13 +20,13 @@ SPARSE64_HEAD = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], 
                  [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1]]
 
 
-def decreasing_table(depth=4, topk=10, seed=0):
+def decreasing_table(depth=4, top_k=10, seed=0):
     """A plausible acc table: each row decreasing in rank, summing to less than 1."""
     rng = np.random.default_rng(seed)
     rows = []
     for d in range(depth):
-        w = np.sort(rng.dirichlet(np.ones(topk + 1) * 0.5))[::-1]
-        rows.append(w[:topk] * (0.9 - 0.1 * d) / w[:topk].sum())
+        w = np.sort(rng.dirichlet(np.ones(top_k + 1) * 0.5))[::-1]
+        rows.append(w[:top_k] * (0.9 - 0.1 * d) / w[:top_k].sum())
     return np.array(rows)
 
 
@@ -79,7 +79,7 @@ def test_predicted_accept_length_matches_simulation(paths_kind):
 def test_accuracy_table_conditions_on_the_path_above():
     K = 3   # rows: ranks at depths 1, 2; K = missing, -1 = unknown
     R = torch.tensor([[0, 0], [0, 1], [1, 0], [K, 0], [2, K], [0, -1]])
-    acc, counts = accuracy_table(R, topk=K)
+    acc, counts = accuracy_table(R, top_k=K)
     assert counts.tolist() == [6, 4]                     # depth 2: only rows whose depth 1 is in the top-k and known
     assert acc[0].tolist() == pytest.approx([3 / 6, 1 / 6, 1 / 6])
     assert acc[1].tolist() == pytest.approx([2 / 4, 1 / 4, 0])
@@ -103,7 +103,7 @@ def test_empirical_matches_formula_when_ranks_are_independent():
     R = torch.tensor(np.stack([rng.choice(11, size=50_000, p=p) for p in probs], 1))
     paths = greedy_tree(acc, 16)
     assert empirical_accept_length([R], paths) == pytest.approx(predicted_accept_length(acc, paths), abs=0.02)
-    measured, _ = accuracy_table(R, topk=10)
+    measured, _ = accuracy_table(R, top_k=10)
     assert np.abs(measured - acc).max() < 0.02
 
 
@@ -158,7 +158,7 @@ def test_sequence_ranks_match_brute_force(family, draft_vocab):
     assert len(seq) == len(prompt) + 12
     start = len(prompt) - 1
     K = 32 if draft_vocab else 128   # half the (draft) vocabulary: most ranks are found, so the alignment is checked
-    R = sequence_ranks(model, heads, seq, start, topk=K)
+    R = sequence_ranks(model, heads, seq, start, top_k=K)
     assert R.shape == (len(seq) - 1 - start, 3)
     assert ((R >= 0) & (R < K)).sum() >= 8
     ids, outside = torch.tensor(seq), 0
@@ -235,8 +235,8 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     from models.measure.calibration import sort_paths
     import json
 
-    from models.engine.trees import tree_from_config
     from pipelines.calibrate import calibrate
+    from pipelines.methods import resolve_tree, tree_config
 
     cfg = _tiny_stage_config(tmp_path, heads_name)
     cfg.profile.calibrate.continuation = continuation
@@ -263,7 +263,7 @@ def test_calibrate_stage_writes_a_loadable_optimal_tree(tmp_path, heads_name, co
     assert json.loads((out / "choice.json").read_text())["choice"] in ("fixed", "grown")
     assert len(list((tmp_path / "results" / "cache" / "calibrate").glob("*.json"))) == (continuation == "greedy")
     # tree=optimal (conf/tree/optimal.yaml, kind: file) loads what the stage wrote
-    spec = tree_from_config(dict(cfg.tree, kind="file", file=str(out / "optimal_tree.json")))
+    spec = resolve_tree(cfg, tree_config(cfg, "optimal", heads_name), "optimal").tree
     assert spec.num_nodes == result["chosen_budget"]
     assert {p.name for p in done["files"]} >= {"acc_heatmap.png", "tokens_per_s.png"}
     metrics = json.loads((tmp_path / "reports" / "metrics" / f"calibrate_{heads_name}.json").read_text())

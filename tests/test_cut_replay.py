@@ -82,7 +82,7 @@ def test_recording_drafter_records_what_the_decoder_accepted():
     base = generate(model, tok, ids, max_new_tokens=30, stop_token_ids=[])
     seq = ids + base.new_tokens
     heads = OracleHeads(model, seq, "hydra", num_heads=2, ranks=(0, None))
-    tree = tree_from_config({"kind": "paths", "topk": 2, "paths": [[0], [1], [0, 0], [1, 0]]})
+    tree = tree_from_config({"kind": "paths", "top_k": 2, "paths": [[0], [1], [0, 0], [1, 0]]})
     rec = RecordingDrafter(TreeDrafter(heads, tree, want_probs=True), group=5)
     res = generate(model, tok, ids, rec, max_new_tokens=30, stop_token_ids=[])
     assert res.new_tokens == base.new_tokens

@@ -207,7 +207,7 @@ def check_oracle_variants(tiny, family, variants):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_oracle_right_token_at_rank_1_or_2(tiny, family):
-    """The right token below one or two wrong siblings (trees with topk > 1 at that depth): accepted there."""
+    """The right token below one or two wrong siblings (trees with top_k > 1 at that depth): accepted there."""
     check_oracle_variants(tiny, family, RANKED_ORACLES)
 
 
@@ -279,7 +279,7 @@ def test_keep_accepted_equals_causal_forward(make_cache):
     model, tok = build_tiny_model(arch="qwen2", seed=2)
     dec = model.get_decoder()
     prefix = torch.randint(3, 200, (1, 250))              # the growing cache passes its first capacity
-    tree = TreeSpec("t", [[0], [1], [0, 0], [1, 0], [1, 1], [1, 1, 0]], topk=2)
+    tree = TreeSpec("t", [[0], [1], [0, 0], [1, 0], [1, 1], [1, 1, 0]], top_k=2)
     buf = TreeBuffers.build(tree)
     tokens = torch.randint(3, 200, (buf.num_tokens,))
     with torch.inference_mode():
@@ -351,7 +351,7 @@ def test_generate_cli(tmp_path, compose_cfg, capsys):
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     tree_file = tmp_path / "optimal_tree.json"          # tree=optimal_pld reads the calibrated tree from a file
-    tree_file.write_text(json.dumps({"name": "calibrated", "paths": [[0], [1], [0, 0]], "topk": 10}))
+    tree_file.write_text(json.dumps({"name": "calibrated", "paths": [[0], [1], [0, 0]], "top_k": 10}))
     opts = ["random_heads=true", "prompt=Hello there", "max_new_tokens=12"]      # compose_cfg adds the tiny model
     out = tmp_path / "hydra.json"
     cmd = [sys.executable, "-m", "pipelines.generate", "model=tiny_random", *opts, "heads=hydra", "tree=optimal_pld",
@@ -574,7 +574,7 @@ def test_time_step_rewinds_state_and_drafter(family):
     model, tok = build_tiny_model(arch="llama", seed=3)
     ids = cyclic_prompt(model, tok)
     heads = build_heads(HeadsConfig.for_base(model, family, 3, 1), model).eval()
-    tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 0, 0]]})
+    tree = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [0, 0, 0]]})
     want = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=12, stop_token_ids=[])
     with torch.inference_mode():
         drafter = TreeDrafter(heads, tree)
@@ -608,7 +608,7 @@ def test_cut_by_cost_keeps_the_nodes_that_pay_for_themselves():
 
 
 def test_subtree_buffers_keep_the_node_order():
-    spec = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+    spec = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), top_k=2)
     buf = TreeBuffers.build(spec)
     sub = buf.subtree((0, 1, 3, 6))                # root, (0,), (0, 0), (0, 0, 0)
     assert sub.spec.paths == ((0,), (0, 0), (0, 0, 0)) and sub.num_tokens == 4
@@ -622,7 +622,7 @@ def test_a_tree_cut_by_cost_stays_lossless(family):
     model, tok = build_tiny_model(arch="llama", seed=3)
     ids = cyclic_prompt(model, tok)
     heads = random_heads(model, family)
-    tree = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+    tree = TreeSpec("t", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), top_k=2)
     want = generate(model, tok, ids, max_new_tokens=30, stop_token_ids=[])
     whole = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=30, stop_token_ids=[])
     free = generate(model, tok, ids, heads_drafter(heads, tree, step_cost=[1.0] * 7), max_new_tokens=30, stop_token_ids=[])
@@ -648,5 +648,5 @@ def test_greedy_reference_is_the_models_own_generate_past_the_first_cache_capaci
     ours = generate(model, tok, ids, max_new_tokens=new, stop_token_ids=[])
     assert ours.new_tokens == hf
     for family in ("medusa", "hydra_pp"):
-        spec = generate(model, tok, ids, heads_drafter(random_heads(model, family), TreeSpec("t", ((0,), (1,), (0, 0), (0, 0, 0)), topk=2)), max_new_tokens=new, stop_token_ids=[])
+        spec = generate(model, tok, ids, heads_drafter(random_heads(model, family), TreeSpec("t", ((0,), (1,), (0, 0), (0, 0, 0)), top_k=2)), max_new_tokens=new, stop_token_ids=[])
         assert spec.new_tokens == hf

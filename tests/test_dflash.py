@@ -26,7 +26,7 @@ from tests.test_training import loaders, quiet_trainer_kwargs, stage_cfg  # noqa
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+TREE = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 
 
 def dflash_heads(model, block=8, layers=2, seed=0, mask_token_id=None):
@@ -107,7 +107,7 @@ def test_unroll_drafts_every_position_as_decoding_drafts_it():
         torch.testing.assert_close(torch.stack([d[0, r] for d in drafts]), want, rtol=1e-4, atol=1e-5)
     seq = cyclic_prompt(model, tok, known=12)
     seq = seq + generate(model, tok, seq, max_new_tokens=10, stop_token_ids=[]).new_tokens
-    ranks = sequence_ranks(model, heads, seq, len(seq) - 11, topk=4)
+    ranks = sequence_ranks(model, heads, seq, len(seq) - 11, top_k=4)
     assert ranks.shape == (10, heads.config.num_heads) and (ranks[:, 0] >= 0).all()
 
 

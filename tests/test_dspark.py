@@ -22,7 +22,7 @@ from tests.test_training import stage_cfg  # noqa: F401  (a fixture)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 KINDS = {"dspark": "vanilla", "dspark_gated": "gated", "dspark_rnn": "rnn"}
-TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
+TREE = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]})
 
 
 def dspark_heads(model, family="dspark", block=6, seed=0, bias_scale=0.0, mask_token_id=None):

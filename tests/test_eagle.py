@@ -17,7 +17,7 @@ from tests.lossless_rule import assert_greedy_lossless
 from tests.test_decoding import TREES, cyclic_prompt, prompt_ids
 from tests.tolerances import reduction_tolerance
 
-SMALL_TREE = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [2], [0, 0], [0, 1], [1, 0],
+SMALL_TREE = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [2], [0, 0], [0, 1], [1, 0],
                                                                       [0, 0, 0], [0, 1, 0], [0, 0, 0, 0]]})
 
 

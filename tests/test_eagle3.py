@@ -235,7 +235,7 @@ def test_eagle3_heads_save_their_module_and_one_lm_head_without_bias():
 def one_token_per_draft_vocabulary_tree(vd: int):
     """Every draft-vocabulary token at depth 1 and one child below each: whatever the base's next token is (inside
     the draft vocabulary), it is a depth-1 node, accepted, and its child is drafted along the true path."""
-    return tree_from_config({"kind": "paths", "topk": vd,
+    return tree_from_config({"kind": "paths", "top_k": vd,
                              "paths": [[r] for r in range(vd)] + [[r, 0] for r in range(vd)]})
 
 
@@ -527,7 +527,7 @@ def test_calibration_ranks_eagle3_along_its_own_drafts_over_the_taps():
     answer = sorted(set(ids[start:]))              # a small draft vocabulary holding every answer token: ranks vary
     draft_ids = answer + [i for i in range(model.config.vocab_size) if i not in answer][:16 - len(answer)]
     heads = eagle3_heads(model, depths=3, draft_ids=draft_ids, noise=0.2).eval()
-    ranks = sequence_ranks(model, heads, ids, start, topk=10)
+    ranks = sequence_ranks(model, heads, ids, start, top_k=10)
     hs = hidden_states(model, torch.tensor([ids]))
     with torch.no_grad():
         logits = draft_logits(heads, torch.cat([hs[i] for i in DEEP_TAPS], -1), torch.tensor([ids]), 3)

@@ -106,7 +106,7 @@ def test_calibration_ranks_eagle_along_its_own_drafts():
     prompt = cyclic_prompt(model, tok, known=10)
     ids = prompt + generate(model, tok, prompt, max_new_tokens=12, stop_token_ids=[]).new_tokens   # greedy throughout
     start = len(prompt) - 1
-    ranks = sequence_ranks(model, heads, ids, start, topk=10)
+    ranks = sequence_ranks(model, heads, ids, start, top_k=10)
     with torch.no_grad():
         hidden = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state
         drafts = heads.eagle.unroll(hidden, torch.tensor([ids]), 3)

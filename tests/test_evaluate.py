@@ -345,7 +345,7 @@ def test_the_cut_tree_is_the_calibrated_tree_cut_by_the_latency_profile(stage_cf
     (cal / "hydra" / "trees").mkdir(parents=True)
     paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
     (cal / "hydra" / "trees" / "budget_16.json").write_text(json.dumps({"name": "hydra_budget16", "paths": paths,
-                                                                         "topk": 10}))
+                                                                         "top_k": 10}))
     (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
                                                   "baseline_step_s": 0.01}))
     with open_dict(stage_cfg):
@@ -369,8 +369,8 @@ def test_lookup_trees_merge_prompt_lookup_into_the_heads_tree(stage_cfg, tmp_pat
 
     cal = tmp_path / "results" / "calibrate"
     (cal / "hydra" / "trees").mkdir(parents=True)
-    (cal / "hydra" / "optimal_tree.json").write_text(json.dumps({"name": "hydra_opt", "paths": [[0], [0, 0]], "topk": 10}))
-    (cal / "hydra" / "trees" / "budget_16.json").write_text(json.dumps({"name": "hydra_budget16", "topk": 10,
+    (cal / "hydra" / "optimal_tree.json").write_text(json.dumps({"name": "hydra_opt", "paths": [[0], [0, 0]], "top_k": 10}))
+    (cal / "hydra" / "trees" / "budget_16.json").write_text(json.dumps({"name": "hydra_budget16", "top_k": 10,
                                                                          "paths": [[0], [1], [0, 0], [0, 0, 0]]}))
     (cal / "latency.json").write_text(json.dumps({"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03],
                                                   "baseline_step_s": 0.01}))
@@ -578,9 +578,9 @@ def test_the_records_fingerprint_follows_settings_questions_trees_and_heads_file
         {"sizes": [1, 4, 16], "forward_lm_head_s": [0.01, 0.011, 0.03], "baseline_step_s": 0.01}))
     with open_dict(resume_cfg):
         resume_cfg.profile.eval.trees = ["cut"]
-    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [1], [0, 0]], "topk": 10}))
+    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [1], [0, 0]], "top_k": 10}))
     cut = fingerprint(resume_cfg)
-    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [0, 0], [0, 1]], "topk": 10}))
+    (trees / "budget_16.json").write_text(json.dumps({"name": "b16", "paths": [[0], [0, 0], [0, 1]], "top_k": 10}))
     assert fingerprint(resume_cfg) != cut
 
     # a record of another fingerprint is never read: a store opened with a new one starts empty, and a

@@ -17,7 +17,7 @@ from models.engine.path_choice import prepare_for_decoding
 from models.engine.kv_cache import cache_kwargs, new_cache
 from models.engine.trees import TreeBuffers, TreeSpec, chain_tree
 
-TREES = [chain_tree(5, topk=2), TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)]
+TREES = [chain_tree(5, top_k=2), TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), top_k=2)]
 
 
 def verify_hidden(model, prompt, tokens, buf):

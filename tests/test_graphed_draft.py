@@ -75,9 +75,10 @@ def test_the_drafter_says_why_its_drafts_stay_eager(tiny_model):
         assert torch.equal(draft.tokens, reference) and summary["nodes"] == 63
 
 
-def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model, monkeypatch):
-    """generate(static=None): drafts are asked to be static only under host.static_step, and not when the caller
-    keeps them eager (static_drafts=False; the CUDA check stubbed, the static step itself left out)."""
+def test_static_drafts_follow_the_static_step_the_caller_asks_for(tiny_model, monkeypatch):
+    """generate(static=..., static_drafts=None): drafts are asked to be static with the static step, and not when the
+    caller keeps them eager (static_drafts=False); the host settings' record is not read (set to the opposite, the
+    CUDA check stubbed, the static step itself left out)."""
     from models import hardware
 
     model, _ = tiny_model
@@ -87,9 +88,10 @@ def test_the_host_settings_ask_for_static_drafts_with_the_static_step(tiny_model
     monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: None)
     monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
     drafter = drafter_of(model, "medusa")
-    for static_step, static_drafts in ((False, None), (True, None), (True, False)):
-        monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": static_step})
-        generate(model, None, PROMPT, drafter, max_new_tokens=3, stop_token_ids=[], static_drafts=static_drafts)
+    for static, static_drafts in ((False, None), (True, None), (True, False)):
+        monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": not static})
+        generate(model, None, PROMPT, drafter, max_new_tokens=3, stop_token_ids=[], static=static,
+                 static_drafts=static_drafts)
     assert asked == [False, True, False]
 
 

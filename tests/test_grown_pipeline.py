@@ -164,15 +164,19 @@ def test_replayed_grown_trees_accept_what_the_decoder_accepts(family, lr):
 
 
 def test_bench_load_times_a_stand_in_grown_tree_before_calibrate(compose_cfg):
-    from pipelines.bench.load import stand_in_tree
-    from pipelines.methods import resolve_tree, tree_config
+    from models.engine.trees import tree_option
+    from pipelines.bench.load import stand_in
+    from pipelines.methods import resolve_tree, tree_config, with_costs
 
     cfg = compose_cfg()
-    tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, "dynamic_optimal_pld", "hydra")),
-                                           "dynamic_optimal_pld")
-    assert isinstance(tree, GrownTree) and (tree.top_k, tree.nodes) == (4, 12) and lookup and step_cost is None
-    tree, _, lookup = resolve_tree(cfg, tree_config(cfg, "eagle2_pld", "eagle"), "eagle2_pld")
-    assert (tree.name, tree.depth, tree.top_k, tree.nodes, lookup) == ("eagle2_pld", 5, 10, 59, True)
+    option = with_costs(cfg, stand_in(tree_option(tree_config(cfg, "dynamic_optimal_pld", "hydra"),
+                                                  "dynamic_optimal_pld")))
+    tree = option.tree
+    assert isinstance(tree, GrownTree) and (tree.top_k, tree.nodes) == (4, 12) and option.lookup
+    assert option.step_cost is None
+    option = resolve_tree(cfg, tree_config(cfg, "eagle2_pld", "eagle"), "eagle2_pld")
+    tree = option.tree
+    assert (tree.name, tree.depth, tree.top_k, tree.nodes, option.lookup) == ("eagle2_pld", 5, 10, 59, True)
 
 
 def test_the_results_judge_eagle2s_claim_and_compare_grown_with_fixed_trees():
@@ -215,5 +219,5 @@ def test_make_bench_times_each_grown_tree_beside_a_fixed_tree_of_as_many_drafts(
         if isinstance(tree, GrownTree):
             twin = trees[names[names.index(name) + 1]]
             assert not isinstance(twin, GrownTree) and twin.num_nodes == tree.num_nodes
-    spec = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [1, 0], [0, 0], [2], [0, 0, 0]]})
+    spec = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [1, 0], [0, 0], [2], [0, 0, 0]]})
     assert same_size_fixed(spec, 3).paths == ((0,), (1,), (1, 0))          # every kept path's parent kept before it

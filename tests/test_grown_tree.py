@@ -205,7 +205,7 @@ def test_the_root_pair_run_with_the_accepted_pairs_drafts_and_decodes_as_before(
     model, tok = build_tiny_model(seed=0)
     heads = AR_HEADS[family](model)
     ids = cyclic_prompt(model, tok, known=12)
-    for tree in (TREE, tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [1, 0]]})):
+    for tree in (TREE, tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [0, 1], [1, 0]]})):
         runs = {}
         for fold in (True, False):
             drafter = heads_drafter(heads, tree)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models import hardware
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 
 def test_cuda_gets_one_thread_and_no_cudnn_attention_a_cpu_gets_nothing():
@@ -72,3 +72,30 @@ def test_evaluate_on_cuda_takes_the_host_settings_and_records_them(fake_cuda, co
     host = json.loads(metrics_file.read_text())["host"]
     assert host["host_settings"] == {"threads": 5, "cudnn_attention": False, "static_step": False}
     assert host["device"] == "cpu" and host["torch"] == torch.__version__ and "cuda" in host
+
+
+def test_the_static_step_is_the_configs_on_cuda_only_and_off_unless_chosen(compose_cfg, monkeypatch):
+    """static_step(cfg, device): what the stages pass to generate(static=...); host.static_step on CUDA (the check
+    stubbed), False by default and on a CPU whatever the config says; a value not true/false/null is refused."""
+    on, default = compose_cfg("host.static_step=true"), compose_cfg()
+    assert static_step(on, "cpu") is False and static_step(default, "cpu") is False
+    monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
+    assert static_step(on, "cuda") is True and static_step(default, "cuda") is False
+    assert static_step(compose_cfg("host.static_step=null"), "cuda") is False
+    with pytest.raises(ValueError, match="host static_step='yes': use true, false, or null"):
+        static_step(compose_cfg("host.static_step=yes"), "cuda")
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_the_evaluation_passes_the_static_step_to_the_decoder(compose_cfg, monkeypatch, chosen):
+    """A turn of the evaluation decodes with static=host.static_step (CUDA stubbed; the decoder stubbed to record)."""
+    import pipelines.evaluate as evaluate
+    from pipelines.methods import Contender, Kind
+
+    monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
+    calls = []
+    monkeypatch.setattr(evaluate, "generate", lambda *a, **k: calls.append(k["static"]))
+    cfg = compose_cfg("profile=smoke", f"host.static_step={str(chosen).lower()}")
+    baseline = Contender("baseline", Kind.BASELINE, torch.nn.Linear(2, 2))
+    evaluate.generate_turn(baseline, None, [1, 2], cfg, 0.0, 0, [])
+    assert calls == [chosen]

@@ -16,7 +16,7 @@ from tests.test_decoding import FAMILIES, cyclic_prompt, random_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = tree_from_config({"kind": "paths", "topk": 10, "paths": [[0], [1], [0, 0], [0, 0, 0]]})   # an "optimal"-sized tree
+SMALL = tree_from_config({"kind": "paths", "top_k": 10, "paths": [[0], [1], [0, 0], [0, 0, 0]]})   # an "optimal"-sized tree
 
 
 def sequences(buf: TreeBuffers, tokens: torch.Tensor) -> set[tuple[int, ...]]:

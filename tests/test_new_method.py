@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
@@ -71,3 +72,28 @@ def through_the_stages(tmp_path, monkeypatch):
         token = int(heads.draft_ids[heads.lookup.weight[token].argmax()])
         chain.append(token)
     assert drafter.draft(7, 4).tokens.tolist() == [7, *chain]
+
+
+@pytest.mark.parametrize("base, method", [
+    ("models.shared.autoregressive.draft:AutoregressiveDraft", "inputs"),
+    ("models.shared.autoregressive.heads:AutoregressiveFamily", "build_draft"),
+    ("models.shared.heads_proposer:HeadsProposer", "scores"),
+])
+def test_a_base_class_names_the_method_a_new_method_must_write(base, method):
+    """The bases' placeholders are abstract: a subclass without its own stops where it is made, naming the method
+    (not at its first draft, deep in a decode), and every shipped subclass has its own."""
+    import importlib
+
+    import models.methods  # noqa: F401  (every shipped method's subclasses loaded)
+
+    module, name = base.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert cls.__abstractmethods__ == frozenset({method})
+    with pytest.raises(TypeError, match=f"abstract method.*{method}"):
+        type(f"Incomplete{name}", (cls,), {})()
+    found, todo = [], list(cls.__subclasses__())
+    while todo:
+        found.append(todo.pop())
+        todo += found[-1].__subclasses__()
+    shipped = [c for c in found if c.__module__.startswith("models.")]          # not the incomplete one above
+    assert shipped and [c.__name__ for c in shipped if c.__abstractmethods__] == []

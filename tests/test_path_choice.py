@@ -22,7 +22,7 @@ from models.engine.projection import base_logits
 from models.engine.trees import TreeSpec
 
 needs_onednn = pytest.mark.skipif(not packing_available(), reason="no oneDNN linear in this torch build")
-BRANCHY = TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), topk=2)
+BRANCHY = TreeSpec("branchy", ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), top_k=2)
 
 
 def grouped_model(seed=1):

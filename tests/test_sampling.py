@@ -68,7 +68,7 @@ def first_token_draws(rule, draft: str, n: int, seed: int = 0) -> Counter:
     target = torch.randn(V, generator=torch.Generator().manual_seed(1)) * 1.5     # base logits at the root
     draft_logits = torch.randn(V, generator=torch.Generator().manual_seed(2)) * 1.5
     sampling = SamplingConfig(temperature=1.0, acceptance="sampling", draft=draft)
-    buf = TreeBuffers.build(dense_tree(3, 1, topk=V))
+    buf = TreeBuffers.build(dense_tree(3, 1, top_k=V))
     rows = torch.stack([target] + [torch.zeros(V)] * 3)                           # [N, V]; leaves unused
     node_logits = NodeLogits(rows, lambda x: x)
     q = warp_probs(draft_logits, sampling)
@@ -97,7 +97,7 @@ def point_mass_after_drawn_draws(children_q, n: int) -> tuple[Counter, int]:
     target = torch.randn(V, generator=torch.Generator().manual_seed(1)) * 1.5
     sampling = SamplingConfig(temperature=1.0, acceptance="sampling")
     q = warp_probs(torch.randn(V, generator=torch.Generator().manual_seed(4)) * 1.5, sampling)
-    buf = TreeBuffers.build(dense_tree(3, 1, topk=V))
+    buf = TreeBuffers.build(dense_tree(3, 1, top_k=V))
     node_logits = NodeLogits(torch.stack([target] + [torch.zeros(V)] * 3), lambda x: x)
     counts, fixed_taken = Counter(), 0
     for _ in range(n):
@@ -242,7 +242,7 @@ def lookup_child_taken(record: list):
     """The real sampling rule, noting whether each verified step had a lookup child of the root and took it."""
     def rule(tokens, buf, logits, sampling, generator=None, draft_q=None):
         path, bonus = acceptance.accept_sampling(tokens, buf, logits, sampling, generator, draft_q)
-        lookup_rank = buf.spec.topk - 1 if "+lookup" in buf.spec.name else None
+        lookup_rank = buf.spec.top_k - 1 if "+lookup" in buf.spec.name else None
         record.append(lookup_rank is not None and len(path) > 1 and int(buf.ranks[path[1]]) == lookup_rank)
         return path, bonus
     return rule
@@ -327,7 +327,7 @@ def test_drafted_children_come_with_their_q(family):
 
 def test_typical_acceptance_threshold_and_tie_break():
     """Accept x if p(x) > min(eps, delta * exp(-H)); equal accepted lengths go to the higher log-probability."""
-    buf = TreeBuffers.build(dense_tree(3, 1, topk=4))                   # root + children ranked 0, 1, 2
+    buf = TreeBuffers.build(dense_tree(3, 1, top_k=4))                   # root + children ranked 0, 1, 2
     root = torch.log(torch.tensor([0.05, 0.30, 0.60, 0.05]))            # H = 0.97 -> threshold min(0.09, 0.11) = 0.09
     rows = torch.stack([root] + [torch.zeros(4)] * 3)
     sampling = SamplingConfig(temperature=1.0, acceptance="typical", seed=0)

@@ -59,7 +59,7 @@ def test_buffers_hold_the_tree_mask_positions_and_padding(tiny_model):
     state = prefill(model, torch.tensor([PROMPT]), SamplingConfig())
     static = attach_static(state, None, max_new_tokens=16, buckets=(1, 4, 8))
     past = state.past
-    tree = tree_from_config({"name": "t", "kind": "paths", "topk": 10, "paths": [[0], [1], [0, 0], [0, 1]]})
+    tree = tree_from_config({"name": "t", "kind": "paths", "top_k": 10, "paths": [[0], [1], [0, 0], [0, 1]]})
     buf = TreeBuffers.build(tree)
     n = buf.num_tokens                                                        # 5 with the root: padded to 8
     mask = verify_masks(model.config, buf, past, torch.float32, "cpu")
@@ -85,19 +85,22 @@ def test_sliding_window_models_stay_eager():
     assert attach_static(state, None, max_new_tokens=8) is None and not isinstance(state.decoder, StaticDecoder)
 
 
-def test_the_host_settings_turn_the_static_step_on(tiny_model, monkeypatch):
-    """generate(static=None) takes the static step where the host settings chose it (the CUDA check stubbed)."""
+def test_the_static_step_is_taken_when_the_caller_asks_whatever_the_host_record_says(tiny_model, monkeypatch):
+    """generate(static=...) alone decides (the stages pass pipelines/host.py static_step): the host settings' record
+    saying static_step (the CUDA check stubbed) turns nothing on, and static=True does without it."""
     from models import hardware
 
     model, _ = tiny_model
     attached = []
     monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: attached.append(n))
     monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
-    monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": False})
-    generate(model, None, PROMPT, max_new_tokens=3, stop_token_ids=[])
     monkeypatch.setattr(hardware, "HOST_SETTINGS", {"static_step": True})
     generate(model, None, PROMPT, max_new_tokens=3, stop_token_ids=[])
-    assert attached == [3]
+    generate(model, None, PROMPT, max_new_tokens=3, stop_token_ids=[], static=False)
+    assert attached == []
+    monkeypatch.setattr(hardware, "HOST_SETTINGS", {})
+    generate(model, None, PROMPT, max_new_tokens=4, stop_token_ids=[], static=True)
+    assert attached == [4]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -64,7 +64,7 @@ def test_eagle3_under_the_static_step_drafts_and_decodes_what_the_eager_step_doe
 
 def tree_step(tokens_of: int):
     """A 6-token tree step (the root and 5 nodes, two branches) whose tokens start at `tokens_of`."""
-    tree = tree_from_config({"name": "t", "kind": "paths", "topk": 10,
+    tree = tree_from_config({"name": "t", "kind": "paths", "top_k": 10,
                              "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
     buf = TreeBuffers.build(tree)
     return torch.arange(tokens_of, tokens_of + buf.num_tokens), buf

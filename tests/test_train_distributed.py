@@ -219,7 +219,7 @@ def test_train_stage_under_ddp_on_two_cpu_processes(compose_cfg, tmp_path):
     model, tok = build_tiny_model()
     model, heads = load_heads(tmp_path / "results" / "heads" / "hydra", model)
     assert heads.config.family == "hydra" and heads.config.draft_vocab_size == 64
-    tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
+    tree = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
     prompt = tok("<|im_start|>user\nsay abc<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     want = generate(model, tok, prompt, max_new_tokens=24, stop_token_ids=[])
     got = generate(model, tok, prompt, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])

@@ -644,7 +644,7 @@ def test_a_new_family_is_one_class_one_entry_and_one_config(stage_cfg, tmp_path,
     model, tok = build_tiny_model()
     model, heads = load_heads(tmp_path / "results" / "heads" / "parent_token", model)
     assert isinstance(heads.family, ParentToken) and heads.blocks[2][0].linear.in_features == 2 * 64
-    tree = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
+    tree = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]})
     ids = tok("<|im_start|>user\ncount: 1 2 3 4 5 6<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     want = generate(model, tok, ids, max_new_tokens=24, stop_token_ids=[])
     got = generate(model, tok, ids, heads_drafter(heads, tree), max_new_tokens=24, stop_token_ids=[])

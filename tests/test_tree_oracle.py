@@ -104,7 +104,7 @@ def test_the_bench_replays_stored_records_as_the_decoder_stepped(tmp_path):
 
     model, tok, heads, prompts, seqs = fitted_heads("eagle", None)
     grown = GrownTree("dynamic_optimal", depth=3, top_k=3, nodes=6)
-    fixed = tree_from_config({"kind": "paths", "topk": 3, "paths": [[0], [1], [0, 0]]})
+    fixed = tree_from_config({"kind": "paths", "top_k": 3, "paths": [[0], [1], [0, 0]]})
     folder = tmp_path / "eagle"
     folder.mkdir()
     for qid, (p, s) in enumerate(zip(prompts, seqs)):

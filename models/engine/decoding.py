@@ -46,7 +46,6 @@ from models.engine.step import TIMED_PARTS, DeviceClock, drafter_taps, first_tok
 from models.engine.step import verify as step_verify
 from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
-from models.hardware import applied_host_settings
 
 __all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "prefill", "decode_step", "time_step", "generate"]
 
@@ -249,12 +248,12 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
 
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
-             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool | None = None,
+             max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool = False,
              static_drafts: bool | None = None, device_clock: DeviceClock | None = None) -> GenerationResult:
     """Decode one answer with `drafter` (models/engine/drafters: make_drafter), or without one: the
     autoregressive baseline. on_tokens(tokens: list[int], from_draft: list[bool]) is called as tokens are
     emitted (streaming). static: the static step (models/engine/static_step.py: fixed shapes, CUDA graphs on
-    CUDA); None: as the host settings say (models.hardware, host.static_step; off unless chosen). static_drafts:
+    CUDA); a stage passes its host setting (pipelines/host.py static_step: off unless chosen). static_drafts:
     drafts replayed as CUDA graphs where the drafter can (models/engine/drafters/graphed.py); None: with the static
     step (False keeps them eager under it, to compare). device_clock: each step's parts also timed by its events
     (step.py DeviceClock), read once at the end into device_timings."""
@@ -280,10 +279,9 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
     base_logits(model)                                    # its one-time check outside the clock
     t0 = time.perf_counter()
-    static_step = applied_host_settings(device).get("static_step", False) if static is None else static
-    static_drafts = static_step if static_drafts is None else static_drafts
+    static_drafts = static if static_drafts is None else static_drafts
     state = prefill(model, ids, sampling, generator, drafter, static_drafts)
-    if static_step:
+    if static:
         attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager
     prefill_time = time.perf_counter() - t0
     state.device_clock = device_clock

@@ -1,6 +1,8 @@
 """Draft trees: topology as top-k rank paths, validated, and the buffers the decoder needs per tree.
 
-    spec = tree_from_config({"kind": "chain", "depth": 4})       # or kind=paths | dense | file
+    option = tree_option(cfg.tree, "sparse64")                   # a conf/tree option, every key parsed
+    option.tree, option.step_cost, option.lookup                  # its tree, per-step cut and lookup branch
+    spec = tree_from_config({"kind": "chain", "depth": 4})       # the tree alone; or kind=paths | dense | file | grown
     buf = TreeBuffers.build(spec)                                 # cached: built once per tree
     buf.tree_mask[1, 1, n+1, n+1], buf.depth[n+1], buf.retrieve[leaves, D+1]
 
@@ -11,6 +13,7 @@ comes before its descendants and the nodes of one depth are contiguous.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -24,23 +27,23 @@ import torch
 class TreeSpec:
     name: str
     paths: tuple[tuple[int, ...], ...]
-    topk: int = 10
+    top_k: int = 10
 
     def __post_init__(self):
         paths = tuple(tuple(int(r) for r in p) for p in self.paths)
         object.__setattr__(self, "paths", paths)
-        if self.topk < 1:
-            raise ValueError(f"tree {self.name!r}: topk must be >= 1, got {self.topk}")
+        if self.top_k < 1:
+            raise ValueError(f"tree {self.name!r}: top_k must be >= 1, got {self.top_k}")
         seen: set[tuple[int, ...]] = set()
         for p in paths:
             if len(p) == 0:
                 raise ValueError(f"tree {self.name!r}: empty node path []; the root is implicit, list only drafts")
             if p in seen:
                 raise ValueError(f"tree {self.name!r}: node {list(p)} is listed twice")
-            bad = [r for r in p if not 0 <= r < self.topk]
+            bad = [r for r in p if not 0 <= r < self.top_k]
             if bad:
                 raise ValueError(f"tree {self.name!r}: node {list(p)} has rank {bad[0]}; ranks must be in "
-                                 f"[0, {self.topk}) (topk={self.topk})")
+                                 f"[0, {self.top_k}) (top_k={self.top_k})")
             seen.add(p)
         for p in paths:
             if len(p) > 1 and p[:-1] not in seen:
@@ -66,18 +69,18 @@ class TreeSpec:
         """The same tree without nodes deeper than max_depth (used near the context limit)."""
         if max_depth >= self.depth:
             return self
-        return TreeSpec(f"{self.name}@{max_depth}", tuple(p for p in self.paths if len(p) <= max_depth), self.topk)
+        return TreeSpec(f"{self.name}@{max_depth}", tuple(p for p in self.paths if len(p) <= max_depth), self.top_k)
 
 
-def chain_tree(depth: int, topk: int = 10, name: str | None = None) -> TreeSpec:
-    return TreeSpec(name or f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)), topk)
+def chain_tree(depth: int, top_k: int = 10, name: str | None = None) -> TreeSpec:
+    return TreeSpec(name or f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)), top_k)
 
 
-def dense_tree(k: int, depth: int, topk: int = 10, name: str | None = None) -> TreeSpec:
-    if k > topk:
-        raise ValueError(f"dense tree: k={k} children per node exceeds topk={topk}")
+def dense_tree(k: int, depth: int, top_k: int = 10, name: str | None = None) -> TreeSpec:
+    if k > top_k:
+        raise ValueError(f"dense tree: k={k} children per node exceeds top_k={top_k}")
     paths = [p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)]
-    return TreeSpec(name or f"dense{k}x{depth}", tuple(paths), topk)
+    return TreeSpec(name or f"dense{k}x{depth}", tuple(paths), top_k)
 
 
 @dataclass(frozen=True)
@@ -124,44 +127,124 @@ def whole(value, what: str) -> int:
     return int(value)
 
 
-# Every key a tree option may have (conf/tree/*.yaml): its kind's own, and those the evaluation reads beside the
-# tree (cut_by_cost, lookup: pipelines/methods.py; stand_in: pipelines/bench/load.py; renamed_to: an old name).
-TREE_KEYS = {"name", "kind", "topk", "paths", "depth", "k", "file", "top_k", "nodes", "cut_by_cost", "lookup",
-             "stand_in", "renamed_to"}
+# The old spelling of a key -> its name now (the rank count is top_k in every tree, option and calibrated file).
+RENAMED_KEYS = {"topk": "top_k"}
 
 
-def tree_from_config(cfg) -> TreeSpec | GrownTree:
-    """TreeSpec from a dict-like config: kind = paths | chain | dense | file (see conf/tree/*.yaml); kind = grown, or
-    a file with "kind": "grown" (calibrated): a GrownTree."""
-    get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
-    kind, topk = get("kind"), int(get("topk", 10) or 10)
-    name = get("name") or kind
-    unknown = sorted(set(cfg.keys()) - TREE_KEYS) if hasattr(cfg, "keys") else []
-    if unknown:                                      # a misspelt key would otherwise be ignored silently
-        raise ValueError(f"tree {name!r}: unknown keys {unknown}; a tree option takes {sorted(TREE_KEYS)}")
-    if kind == "renamed":           # an old option name kept as a pointer (conf/tree/dynamic.yaml)
-        raise ValueError(f"tree={name} was renamed tree={get('renamed_to')} (a fixed tree cut per step by cost; "
-                         "'dynamic' names only trees grown per step: dynamic_optimal, eagle2)")
-    if kind == "grown":
-        return GrownTree.from_config(get, name)
-    if kind == "paths":
-        return TreeSpec(name, tuple(tuple(p) for p in get("paths")), topk)
-    if kind == "chain":
-        return chain_tree(int(get("depth")), topk, name)
-    if kind == "dense":
-        return dense_tree(int(get("k")), int(get("depth")), topk, name)
-    if kind == "file":
-        path = Path(str(get("file")))
+def check_spelling(mapping, where: str) -> None:
+    """Refuses a key spelt the old way, naming its new spelling (a file written before the rename says so, rather
+    than being read with the default)."""
+    old = [k for k in RENAMED_KEYS if k in mapping]
+    if old:
+        raise ValueError(f"{where}: key {old[0]!r} is now spelt {RENAMED_KEYS[old[0]]!r}; rename it (a calibrated "
+                         "file written before the rename: rerun `dvc repro calibrate`)")
+
+
+# The keys of each kind, and those every option may have beside its tree: the per-step cut (cut_by_cost), prompt
+# lookup's merge (lookup) and the load bench's stand-in for a calibrated file not written yet (stand_in).
+KIND_KEYS = {"paths": {"paths"}, "chain": {"depth"}, "dense": {"k", "depth"}, "file": {"file"},
+             "grown": {"depth", "nodes"}, "renamed": {"renamed_to"}}
+COMMON_KEYS = {"name", "kind", "top_k", "cut_by_cost", "lookup", "stand_in"}
+TREE_KEYS = COMMON_KEYS.union(*KIND_KEYS.values())
+
+
+@dataclass(frozen=True)
+class TreeOption:
+    """A tree option (conf/tree/*.yaml) with every key parsed, the one form it has from the config to the drafter:
+    the tree (`tree`, built on first use: a file kind reads its calibrated file then), the latency profile it is cut
+    per step with (cut_by_cost) and the relative step costs read from it (step_cost, set by the stage that reads
+    it: with_step_cost), whether prompt lookup's chain joins it (lookup) and the bench's stand-in (stand_in)."""
+    name: str | None
+    kind: str
+    top_k: int | None = None
+    paths: tuple[tuple[int, ...], ...] | None = None
+    depth: int | None = None
+    k: int | None = None
+    nodes: int | None = None
+    file: str | None = None
+    cut_by_cost: str | None = None
+    lookup: bool = False
+    stand_in: str | None = None
+    step_cost: tuple[float, ...] | None = None
+
+    @functools.cached_property
+    def tree(self) -> TreeSpec | GrownTree:
+        tree = self._build()
+        # a tree cut per step or joined by a lookup branch is the option's, not its calibrated file's
+        return dataclasses.replace(tree, name=self.label) if self.cut_by_cost or self.lookup else tree
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+    def with_step_cost(self, step_cost) -> "TreeOption":
+        return dataclasses.replace(self, step_cost=None if step_cost is None else tuple(float(c) for c in step_cost))
+
+    def _build(self) -> TreeSpec | GrownTree:
+        top_k = 10 if self.top_k is None else self.top_k
+        if self.kind == "grown":
+            return GrownTree.from_config({"depth": self.depth, "top_k": self.top_k, "nodes": self.nodes}.get,
+                                         self.label)
+        if self.kind == "paths":
+            return TreeSpec(self.label, self.paths, top_k)
+        if self.kind == "chain":
+            return chain_tree(self.depth, top_k, self.label)
+        if self.kind == "dense":
+            return dense_tree(self.k, self.depth, top_k, self.label)
+        path = Path(self.file)
         if not path.is_file():
             raise FileNotFoundError(f"tree file {path} does not exist; it is written by `python -m pipelines.calibrate "
                                     "heads=<name>` (or pick tree=sparse64 | chain4 | dense)")
         data = json.loads(path.read_text())
+        check_spelling(data, f"tree file {path}")
         if data.get("kind") == "grown":
-            return GrownTree.from_config(data.get, str(get("name") or data.get("name", name)))
+            return GrownTree.from_config(data.get, str(self.name or data.get("name", self.label)))
         if "paths" not in data:
             raise ValueError(f"tree file {path} has no 'paths' list (keys: {sorted(data)})")
-        return TreeSpec(data.get("name", name), tuple(tuple(p) for p in data["paths"]), int(data.get("topk", topk)))
-    raise ValueError(f"tree kind {kind!r} is not known; use paths | chain | dense | file | grown")
+        return TreeSpec(data.get("name", self.label), tuple(tuple(p) for p in data["paths"]),
+                        whole(data.get("top_k", top_k), f"tree file {path}: top_k"))
+
+
+def tree_option(cfg, name: str | None = None) -> TreeOption:
+    """A tree option (a mapping: conf/tree/<name>.yaml resolved, or a dict) parsed: an unknown key, one of another
+    kind, a key spelt the old way or a missing one is refused, naming it and what is accepted; name: the option's
+    name where the mapping has none."""
+    keys = list(cfg.keys()) if hasattr(cfg, "keys") else []
+    get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
+    kind, name = get("kind"), get("name") or name
+    where = f"tree {str(name or kind)!r}"
+    check_spelling(keys, where)
+    unknown = sorted(set(keys) - TREE_KEYS)
+    if unknown:                                      # a misspelt key would otherwise be ignored silently
+        raise ValueError(f"{where}: unknown keys {unknown}; a tree option takes {sorted(TREE_KEYS)}")
+    if kind not in KIND_KEYS:
+        raise ValueError(f"tree kind {kind!r} is not known; use paths | chain | dense | file | grown")
+    foreign = sorted(set(keys) - COMMON_KEYS - KIND_KEYS[kind])
+    if foreign:
+        raise ValueError(f"{where}: kind {kind} does not take {foreign}; it takes {sorted(KIND_KEYS[kind])} and "
+                         f"{sorted(COMMON_KEYS)}")
+    if kind == "renamed":           # an old option name kept as a pointer (conf/tree/dynamic.yaml)
+        raise ValueError(f"tree={name} was renamed tree={get('renamed_to')} (a fixed tree cut per step by cost; "
+                         "'dynamic' names only trees grown per step: dynamic_optimal, eagle2)")
+    missing = sorted(k for k in KIND_KEYS[kind] if get(k) is None)
+    if missing and kind != "grown":                  # a grown tree's: GrownTree.from_config names them
+        raise ValueError(f"{where}: kind {kind} needs {missing}")
+    # a grown tree's numbers go to GrownTree as written, whose error names the value as given
+    number = {k: get(k) if kind == "grown" or get(k) is None else whole(get(k), f"{where}: {k}")
+              for k in ("top_k", "depth", "k", "nodes")}
+    lookup = get("lookup", False)
+    if not isinstance(lookup, bool):
+        raise ValueError(f"{where}: lookup={lookup!r}; it must be true or false")
+    text = {k: None if get(k) in (None, "") else str(get(k)) for k in ("file", "cut_by_cost", "stand_in")}
+    paths = get("paths")
+    return TreeOption(None if name is None else str(name), kind, paths=None if paths is None else
+                      tuple(tuple(int(r) for r in p) for p in paths), lookup=lookup, **number, **text)
+
+
+def tree_from_config(cfg) -> TreeSpec | GrownTree:
+    """The tree of a tree option (tree_option(cfg).tree): kind = paths | chain | dense | file (see conf/tree/*.yaml)
+    a TreeSpec; kind = grown, or a file with "kind": "grown" (calibrated), a GrownTree."""
+    return tree_option(cfg).tree
 
 
 @dataclass
@@ -209,7 +292,7 @@ class TreeBuffers:
         if keep not in self._subtrees:
             nodes = sorted(self.spec.paths, key=lambda p: (len(p), p))             # node i + 1 of these buffers
             self._subtrees[keep] = TreeBuffers.build(
-                TreeSpec(f"{self.spec.name}[{len(keep) - 1}]", tuple(nodes[i - 1] for i in keep[1:]), self.spec.topk))
+                TreeSpec(f"{self.spec.name}[{len(keep) - 1}]", tuple(nodes[i - 1] for i in keep[1:]), self.spec.top_k))
         return self._subtrees[keep]
 
     def on(self, name: str, device: torch.device | str) -> torch.Tensor:

@@ -4,7 +4,7 @@
 
     seqs = greedy_continuations(model, prompts, max_new_tokens=96, eos_token_id=2)
     ranks = [sequence_ranks(model, heads, ids, start) for ids, start in seqs]   # [N, D] each
-    acc = accuracy_table(ranks, topk=10)                                        # [D, K]
+    acc = accuracy_table(ranks, top_k=10)                                        # [D, K]
     paths = greedy_tree(acc, budget=64)
     predicted_accept_length(acc, paths)      # 1 + sum over nodes of prod acc along the path
 
@@ -79,21 +79,22 @@ def model_fingerprint(model) -> str:
 
 
 def greedy_continuations(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                         stop_token_ids: Sequence[int] = ()) -> list[list[int]]:
+                         stop_token_ids: Sequence[int] = (), static: bool = False) -> list[list[int]]:
     """Each prompt followed by the base model's greedy answer (up to and including a stop token),
-    decoded by the evaluation's own autoregressive baseline (models.engine.decoding.generate, heads=None)."""
+    decoded by the evaluation's own autoregressive baseline (models.engine.decoding.generate, heads=None; static:
+    with the static step, as the stage's host setting says)."""
     from models.engine.decoding import generate
 
     return [list(p) + generate(model, None, list(p), max_new_tokens=max_new_tokens,
-                               stop_token_ids=list(stop_token_ids)).new_tokens for p in prompts]
+                               stop_token_ids=list(stop_token_ids), static=static).new_tokens for p in prompts]
 
 
 @torch.no_grad()
-def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int = 10,
+def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, top_k: int = 10,
                    chunk: int = 256) -> torch.Tensor:
     """R[i, d-1] for positions t = start + i (t = start .. T-2): rank of the base's greedy token at depth d.
 
-    K (= topk) when the token is not in the head's top-k, -1 when it cannot be known.
+    K (= top_k) when the token is not in the head's top-k, -1 when it cannot be known.
     """
     device = next(model.parameters()).device
     ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)   # [T]
@@ -133,28 +134,28 @@ def sequence_ranks(model, heads, input_ids: Sequence[int], start: int, topk: int
             else:                         # the slot drafting depth d, x_{t+d} before it
                 outs = module.readout(drafts[d - 1][0, tt])[:, None]
                 logits = heads.block_logits(outs, path[:, -1:])[:, -1]
-            top = heads.to_token_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
+            top = heads.to_token_ids(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)   # [n, K] token ids
             hit = top == greedy[tt + d][:, None]                    # [n, K]
-            rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, topk))
+            rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(tt, top_k))
             ranks[rows.cpu(), d - 1] = rank.cpu()
     return ranks
 
 
 # -- 2) accuracy table and accepted-length estimates ------------------------------------------
 
-def accuracy_table(ranks: Sequence[torch.Tensor] | torch.Tensor, topk: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def accuracy_table(ranks: Sequence[torch.Tensor] | torch.Tensor, top_k: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """(acc [D, K], counts [D]): acc[d][r] = P(R[:, d] = r | R[:, j] < K for j < d, R[:, d] known)."""
     R = torch.cat(list(ranks)) if not isinstance(ranks, torch.Tensor) else ranks     # [N, D]
     R = R.numpy()
     N, D = R.shape
-    acc, counts = np.zeros((D, topk)), np.zeros(D, dtype=np.int64)
+    acc, counts = np.zeros((D, top_k)), np.zeros(D, dtype=np.int64)
     above_ok = np.ones(N, dtype=bool)
     for d in range(D):
         rows = above_ok & (R[:, d] >= 0)
         counts[d] = rows.sum()
         if counts[d]:
-            acc[d] = np.bincount(R[rows, d], minlength=topk + 1)[:topk] / counts[d]
-        above_ok &= (R[:, d] >= 0) & (R[:, d] < topk)
+            acc[d] = np.bincount(R[rows, d], minlength=top_k + 1)[:top_k] / counts[d]
+        above_ok &= (R[:, d] >= 0) & (R[:, d] < top_k)
     return acc, counts
 
 
@@ -165,12 +166,12 @@ def top1_unconditional(ranks: Sequence[torch.Tensor] | torch.Tensor) -> list[flo
     return [float((R[known[:, d], d] == 0).mean()) if known[:, d].any() else 0.0 for d in range(R.shape[1])]
 
 
-def check_paths(paths: Sequence[Sequence[int]], depth: int, topk: int) -> list[Path]:
+def check_paths(paths: Sequence[Sequence[int]], depth: int, top_k: int) -> list[Path]:
     paths = [tuple(int(r) for r in p) for p in paths]
     present = set(paths)
     for p in paths:
-        if not p or len(p) > depth or min(p) < 0 or max(p) >= topk:
-            raise ValueError(f"tree node {list(p)} needs depth 1..{depth} and ranks 0..{topk - 1}")
+        if not p or len(p) > depth or min(p) < 0 or max(p) >= top_k:
+            raise ValueError(f"tree node {list(p)} needs depth 1..{depth} and ranks 0..{top_k - 1}")
         if len(p) > 1 and p[:-1] not in present:
             raise ValueError(f"tree node {list(p)} has no parent {list(p[:-1])} in the tree")
     if len(present) != len(paths):
@@ -185,43 +186,43 @@ def predicted_accept_length(acc: np.ndarray, paths: Sequence[Sequence[int]]) -> 
     return 1.0 + float(sum(np.prod([acc[j, r] for j, r in enumerate(p)]) for p in paths))
 
 
-def accepted_depth(rank_row: Sequence[int], tree: set[Path], topk: int) -> int | None:
+def accepted_depth(rank_row: Sequence[int], tree: set[Path], top_k: int) -> int | None:
     """Depth of the deepest accepted node for one position's rank vector; None if it cannot be known."""
     depth = 0
     for d, r in enumerate(rank_row):
         if r < 0:
             return None if any(len(p) > d and p[:d] == tuple(rank_row[:d]) for p in tree) else depth
-        if r >= topk or tuple(rank_row[:d + 1]) not in tree:
+        if r >= top_k or tuple(rank_row[:d + 1]) not in tree:
             return depth
         depth = d + 1
     return depth
 
 
-def empirical_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], topk: int = 10) -> float:
+def empirical_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], top_k: int = 10) -> float:
     """Mean over all knowable positions of 1 + accepted depth, replaying the measured rank vectors."""
-    tree = set(check_paths(paths, ranks[0].shape[1], topk))
-    depths = [accepted_depth(row, tree, topk) for R in ranks for row in R.tolist()]
+    tree = set(check_paths(paths, ranks[0].shape[1], top_k))
+    depths = [accepted_depth(row, tree, top_k) for R in ranks for row in R.tolist()]
     depths = [d for d in depths if d is not None]
     return 1.0 + float(np.mean(depths)) if depths else float("nan")
 
 
-def replay_steps(R: torch.Tensor, paths: Sequence[Sequence[int]], topk: int = 10) -> list[int]:
+def replay_steps(R: torch.Tensor, paths: Sequence[Sequence[int]], top_k: int = 10) -> list[int]:
     """Tokens emitted by each step of greedy tree decoding over one sequence's rank matrix R [N, D].
 
     Step at position t emits 1 + accepted depth and moves to t + that; near the end, where deeper
     ranks are unknown, only what is certain counts.
     """
-    tree = set(check_paths(paths, R.shape[1], topk))
+    tree = set(check_paths(paths, R.shape[1], top_k))
     rows, i, steps = R.tolist(), 0, []
     while i < len(rows):
-        steps.append(1 + (accepted_depth(rows[i], tree, topk) or 0))
+        steps.append(1 + (accepted_depth(rows[i], tree, top_k) or 0))
         i += steps[-1]
     return steps
 
 
-def replay_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], topk: int = 10) -> float:
+def replay_accept_length(ranks: Sequence[torch.Tensor], paths: Sequence[Sequence[int]], top_k: int = 10) -> float:
     """Mean tokens per step when greedy tree decoding runs over each sequence (steps jump by what they emit)."""
-    lengths = [n for R in ranks for n in replay_steps(R, paths, topk)]
+    lengths = [n for R in ranks for n in replay_steps(R, paths, top_k)]
     return float(np.mean(lengths)) if lengths else float("nan")
 
 

@@ -21,9 +21,9 @@ from models.engine.decoding import SamplingConfig, decode_step, prefill
 from models.engine.trees import TreeSpec
 
 
-def paths_tree(name: str, paths, topk: int = 10) -> TreeSpec:
+def paths_tree(name: str, paths, top_k: int = 10) -> TreeSpec:
     """A static tree from its paths of ranks (as the authors' tree_choices lists hold them)."""
-    return TreeSpec(name, tuple(tuple(int(r) for r in p) for p in paths), topk=topk)
+    return TreeSpec(name, tuple(tuple(int(r) for r in p) for p in paths), top_k=top_k)
 
 
 @torch.inference_mode()

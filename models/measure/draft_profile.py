@@ -16,7 +16,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import prefill
-from models.hardware import applied_host_settings
 
 # a replayed CUDA graph is one launch (cudaGraphLaunch) however many kernels it holds
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
@@ -30,18 +29,16 @@ def device_sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def draft_profile(model, drafter, prompt_ids, repeats: int = 20, max_depth: int = 64, top: int = 8,
-                  static_drafts: bool | None = None) -> dict:
+                  static_drafts: bool = False) -> dict:
     """Per draft, averaged over `repeats` drafts of the same root (draft() does not move the drafter on), the
-    drafts replayed as CUDA graphs where static_drafts says so (None: as generate() decides, with the host
-    settings' static step):
+    drafts replayed as CUDA graphs where static_drafts says so (and the drafter can):
     wall_ms (synchronised), device_busy_ms (summed kernel time), kernels (launches), top_host_ops (the ops
     with the most host self time, ms a draft) and host_ops (aten ops dispatched)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: profile at least one draft")
     device = next(model.parameters()).device
     ids = torch.as_tensor(prompt_ids, device=device).reshape(1, -1)
-    static = applied_host_settings(device).get("static_step", False) if static_drafts is None else static_drafts
-    state = prefill(model, ids, SamplingConfig(), None, drafter, static_drafts=static)
+    state = prefill(model, ids, SamplingConfig(), None, drafter, static_drafts=static_drafts)
     drafter.draft(state.root, max_depth)                    # warm-up, outside the profile
     device_sync(device)
     t0 = time.perf_counter()

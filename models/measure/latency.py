@@ -10,8 +10,8 @@ prefix_len-token random prompt; decoding.time_step takes the step and rewinds it
 baseline's plain step. The LM head runs on the rows the acceptance rule reads (all of them up to
 acceptance.EAGER_ROWS tokens), as in decoding. Sizes are interleaved within each repeat so that a
 slow phase of a shared machine hits every size alike. static: the steps run as the decoder runs them with the
-static step (models/engine/static_step.py: CUDA graphs on CUDA); None: as the host settings say (host.static_step),
-so that a calibrated tree is chosen for the step that evaluate will take.
+static step (models/engine/static_step.py: CUDA graphs on CUDA); the calibrate stage passes its host setting
+(pipelines/host.py static_step), so that a calibrated tree is chosen for the step that evaluate will take.
 """
 from __future__ import annotations
 
@@ -26,18 +26,16 @@ from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import prefill, time_step
 from models.engine.drafting import DraftContext, FixedDrafter
 from models.engine.static_step import attach_static
-from models.hardware import applied_host_settings
 
 
 @torch.inference_mode()
 def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7, prefix_len: int = 300,
-                           seed: int = 0, static: bool | None = None) -> dict:
+                           seed: int = 0, static: bool = False) -> dict:
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(model.config.vocab_size, (1, prefix_len), generator=g).to(device)
     state = prefill(model, ids, SamplingConfig())
     sizes = [int(n) for n in sizes]
-    static = applied_host_settings(device).get("static_step", False) if static is None else static
     if static:                                          # time_step rewinds each step: the cache never grows
         attach_static(state, None, max_new_tokens=max(sizes))
     drafters = {n: FixedDrafter(torch.randint(model.config.vocab_size, (n - 1,), generator=g)) for n in sizes}

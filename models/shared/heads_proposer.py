@@ -13,6 +13,8 @@ mapped back to the full vocabulary by the engine (zeros outside the draft vocabu
 """
 from __future__ import annotations
 
+import abc
+
 import torch
 
 from models.engine.drafters.base import AdvanceHistory, DraftContext
@@ -22,7 +24,7 @@ from models.engine.projection import project
 from models.shared.draft_heads import DraftHeads
 
 
-class HeadsProposer:
+class HeadsProposer(abc.ABC):
     """heads: a DraftHeads, or any object with its config, family, head_logits (and read_hidden when its family has a
     prefix_layer: Hydra++). A subclass scores a frontier (scores; begin and end around a tree when it needs them).
     Its drafts read h_t from one buffer that advance and rewind overwrite in place, and nothing else that changes
@@ -99,8 +101,9 @@ class HeadsProposer:
     def begin(self, root: int, depth: int) -> None:
         pass
 
+    @abc.abstractmethod
     def scores(self, frontier: Frontier) -> torch.Tensor:
-        raise NotImplementedError
+        """[R or 1, Vd] logits of the frontier nodes' children over the draft vocabulary (one row shared by all: Medusa)."""
 
     def end(self) -> None:
         pass

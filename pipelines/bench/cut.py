@@ -12,6 +12,7 @@ Prints the table and writes reports/bench/cut_replay_<heads>.json.
 from __future__ import annotations
 
 from pipelines import omp  # noqa: F401,I001  (first: OpenMP's wait policy is read when torch loads)
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,10 +40,11 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"heads {name!r} change the backbone (LoRA): replay the frozen-backbone families only")
     model, tok = load_model(cfg)
     model, heads, _ = load_for_decoding(folder, model)
-    tree, _, lookup = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_name)
-    if lookup:
+    option = resolve_tree(cfg, tree_config(cfg, tree_name, name), tree_name)
+    if option.lookup:
         raise ValueError(f"cut.tree={tree_name!r} merges prompt lookup; use a heads-only tree (cut, optimal, ...)")
-    step_cost = step_cost_for({"cut_by_cost": str(latency)}, tree)    # the costs tree=cut is cut with
+    tree = option.tree
+    step_cost = step_cost_for(replace(option, cut_by_cost=str(latency)))    # the costs tree=cut is cut with
 
     questions = load_questions(cfg.data.questions_file, cfg.profile.eval.num_questions)
     stops, max_new = stop_token_ids(model, tok), int(cfg.profile.eval.max_new_tokens)

@@ -56,7 +56,7 @@ from models.measure.lossless import judged_difference
 from models.measure.step_profile import step_profile
 from pipelines.common import conf_option, git_commit, log, stage, write_json
 from pipelines.bench.verify import with_fixed_twins
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 # The papers' shapes, as configs (no weights, no download). Vicuna-7B is Llama-7B's shape.
 SHAPES = {
@@ -161,9 +161,9 @@ def hf_ms_per_token(model, prompt: list[int], n: int, device: str, static: bool)
     return 1e3 * (time.perf_counter() - t) / n
 
 
-def our_decode(model, prompt: list[int]):
-    """k -> our greedy plain decode of exactly k tokens after the prompt (the host settings in force)."""
-    return lambda k: generate(model, None, prompt, max_new_tokens=k, stop_token_ids=[])
+def our_decode(model, prompt: list[int], static: bool = False):
+    """k -> our greedy plain decode of exactly k tokens after the prompt (with the static step where `static`)."""
+    return lambda k: generate(model, None, prompt, max_new_tokens=k, stop_token_ids=[], static=static)
 
 
 def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str, dict]]:
@@ -181,9 +181,10 @@ def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str,
     return out
 
 
-def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = None) -> dict:
-    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads;
-    static_drafts: False keeps the drafts eager under the static step (None: as generate() decides)."""
+def drafting_costs(cfg, model, prompt, s: dict, static: bool = False, static_drafts: bool | None = None) -> dict:
+    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads,
+    with the static step where `static`; static_drafts: False keeps the drafts eager under it (None: with it)."""
+    static_drafts = static if static_drafts is None else static_drafts
     out = {}
     for name, h in family_heads(cfg, s["families"]):
         own = list(h.get("bench_trees") or [])            # a head config's own shape (DFlash: its block as a chain)
@@ -200,11 +201,11 @@ def drafting_costs(cfg, model, prompt, s: dict, static_drafts: bool | None = Non
         for tname, tree in trees.items():
             drafter = make_drafter({"kind": "heads", "tree": tree}, heads=heads)
             # warm up: deep enough for the whole tree, so a draft replayed as a graph is captured outside the clock
-            generate(model, None, prompt[:32], drafter, max_new_tokens=16, stop_token_ids=[],
+            generate(model, None, prompt[:32], drafter, max_new_tokens=16, stop_token_ids=[], static=static,
                      static_drafts=static_drafts)
             clock = DeviceClock() if model.device.type == "cuda" else DeviceClock(HostEvent)
             res = generate(model, None, prompt, drafter, max_new_tokens=s["new_tokens"], stop_token_ids=[],
-                           static_drafts=static_drafts, device_clock=clock)
+                           static=static, static_drafts=static_drafts, device_clock=clock)
             steps = max(1, res.steps)
             row[tname] = {**{f"{k}_ms": round(1e3 * v / steps, 3) for k, v in res.timings.items()},
                           **{f"device_{k}_ms": round(1e3 * v / steps, 3) for k, v in res.device_timings.items()},
@@ -258,13 +259,13 @@ def hf_static_figures(model, s: dict) -> dict:
     return out
 
 
-def measure_setting(cfg, model, s: dict, setting: str) -> dict:
+def measure_setting(cfg, model, s: dict, setting: str, static: bool) -> dict:
     """Every figure of FIGURES but transformers' static-cache generate, for one shape under the host settings in
-    force."""
+    force, with the static step where `static`."""
     device, t0 = s["device"], time.perf_counter()
     prompt = bench_prompt(model, s)
-    prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]))
-    decode = our_decode(model, prompt)
+    prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]), static=static)
+    decode = our_decode(model, prompt, static)
     decode(4)                                                                                   # warm up
     plain = decode(s["new_tokens"])
     row = {"plain_step_ms": round(1e3 * plain.decode_time / max(1, plain.steps), 3),
@@ -276,7 +277,8 @@ def measure_setting(cfg, model, s: dict, setting: str) -> dict:
         row["step_profile"] = step_profile(decode, device, n=int(s["new_tokens"]))
     if setting == "host_settings":
         row["batch_verify"] = batch_verify(model, s)
-    row["drafting"] = drafting_costs(cfg, model, prompt, s, static_drafts=False if setting == "static_step" else None)
+    row["drafting"] = drafting_costs(cfg, model, prompt, s, static,
+                                     static_drafts=False if setting == "static_step" else None)
     in_plain_steps(row["drafting"], row["plain_step_ms"])
     if setting in ("static_step", "static_drafts"):
         row["static_decoders"] = static_summaries()           # graphs captured, sizes that fell back and why
@@ -297,15 +299,16 @@ def batch_verify(model, s: dict) -> dict:
 SETTINGS = ("torch_defaults", "host_settings", "static_step", "static_drafts")
 
 
-def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> dict:
-    """Put torch in one of SETTINGS for `device`; -> the host record (models.hardware.host_record)."""
+def apply_setting(cfg: DictConfig, device: str, setting: str, default_threads: int) -> tuple[dict, bool]:
+    """Put torch in one of SETTINGS for `device`; -> (the host record (models.hardware.host_record), whether the
+    setting decodes with the static step: pipelines/host.py static_step)."""
     if setting == "torch_defaults":
-        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False)
+        return apply_host_settings(device, threads=default_threads, cudnn_attention=True, static_step=False), False
     if setting in ("static_step", "static_drafts"):
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
             cfg.host = {**(OmegaConf.to_container(cfg.get("host") or {}, resolve=True)), "static_step": True}
-    return apply_host(cfg, device)
+    return apply_host(cfg, device), static_step(cfg, device)
 
 
 def device_slug(device: str) -> str:
@@ -351,12 +354,11 @@ def run_bench(cfg: DictConfig) -> tuple[Path, dict]:
         model = build_shape(name, device, s["dtype"])
         rows = {}
         for setting in s["settings"]:                             # heads are built per setting: not in inference mode
-            host = apply_setting(cfg, device, setting, default_threads)
+            host, static = apply_setting(cfg, device, setting, default_threads)
             rows[setting] = {"host": {"threads": torch.get_num_threads(),
                                       "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
-                                      "static_step": bool(host["host_settings"].get("static_step", False)),
-                                      "static_drafts": setting == "static_drafts" and is_cuda(device)},
-                             "host_record": host, **measure_setting(cfg, model, s, setting)}
+                                      "static_step": static, "static_drafts": setting == "static_drafts" and static},
+                             "host_record": host, **measure_setting(cfg, model, s, setting, static)}
             if setting in ("static_step", "static_drafts") and "host_settings" in rows:
                 ref, got = rows["host_settings"]["plain_tokens"], rows[setting]["plain_tokens"]
                 rows[setting]["plain_tokens_equal_host_settings"] = ref == got

@@ -37,11 +37,13 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines import omp  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
+from models.engine.trees import TreeOption, tree_option
 from models.hardware import cpu_model, host_record
 from pipelines.common import conf_option, REPO_ROOT, load_model, log, stage, write_json
 from models.methods import load_for_decoding
@@ -147,23 +149,22 @@ def timed_decode(model, ids, method: dict, new_tokens: int, max_seconds: float) 
     return run
 
 
-def stand_in_tree(tree_cfg: dict) -> dict:
-    """tree_cfg with a calibrated tree file that is not there yet replaced by its `stand_in` tree option, else by
+def stand_in(option: TreeOption) -> TreeOption:
+    """The option with a calibrated tree file that is not there yet replaced by its `stand_in` tree option, else by
     sparse64's first nodes, and a latency profile that is not there yet dropped (no cut)."""
-    out = dict(tree_cfg)
-    if out.get("kind") == "file" and not Path(str(out["file"])).is_file() and out.get("stand_in"):
-        log.warning("no calibrated tree %s yet: timing tree=%s in its place", out["file"], out["stand_in"])
-        return {**OmegaConf.to_container(conf_option("tree", out["stand_in"])),
-                "lookup": out.get("lookup", False)}
-    if out.get("kind") == "file" and not Path(str(out["file"])).is_file():
-        log.warning("no calibrated tree %s yet: timing sparse64's first %d nodes in its place", out["file"],
+    if option.kind == "file" and not Path(option.file).is_file() and option.stand_in:
+        log.warning("no calibrated tree %s yet: timing tree=%s in its place", option.file, option.stand_in)
+        return replace(tree_option(OmegaConf.to_container(conf_option("tree", option.stand_in))),
+                       lookup=option.lookup)
+    if option.kind == "file" and not Path(option.file).is_file():
+        log.warning("no calibrated tree %s yet: timing sparse64's first %d nodes in its place", option.file,
                     FALLBACK_NODES)
-        sparse = OmegaConf.to_container(conf_option("tree", "sparse64"))
-        out.update(kind="paths", paths=sparse["paths"][:FALLBACK_NODES])
-    if out.get("cut_by_cost") and not Path(str(out["cut_by_cost"])).is_file():
-        log.warning("no latency profile %s yet: the tree is not cut per step", out["cut_by_cost"])
-        out.pop("cut_by_cost")
-    return out
+        sparse = tree_option(OmegaConf.to_container(conf_option("tree", "sparse64")))
+        option = replace(option, kind="paths", file=None, paths=sparse.paths[:FALLBACK_NODES])
+    if option.cut_by_cost and not Path(option.cut_by_cost).is_file():
+        log.warning("no latency profile %s yet: the tree is not cut per step", option.cut_by_cost)
+        option = replace(option, cut_by_cost=None)
+    return option
 
 
 def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
@@ -171,7 +172,7 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
     from models.engine.fast_inference import prepare_heads_for_decoding
     from models.engine.path_choice import prepare_for_decoding
     from models.engine.drafting import make_drafter
-    from pipelines.methods import pld_settings, random_heads, resolve_tree, tree_config
+    from pipelines.methods import heads_spec, random_heads, tree_config, with_costs
 
     prepare_for_decoding(model)
     methods = []
@@ -194,14 +195,11 @@ def build_methods(cfg: DictConfig, model, specs: list[str]) -> list[dict]:
                         "compare the ms per step)", folder, h.family)
             untrained = True
             prepare_heads_for_decoding(heads)
-        tree, step_cost, lookup = resolve_tree(cfg, stand_in_tree(tree_config(cfg, tree_name, name)), tree_name)
-        tree.check_heads(heads.config.num_heads)
-        spec = {"kind": "heads", "tree": tree, "step_cost": step_cost}
-        if lookup:
-            spec = {**spec, "kind": "heads_lookup", "lookup": pld_settings(cfg)}
+        option = with_costs(cfg, stand_in(tree_option(tree_config(cfg, tree_name, name), tree_name)))
+        option.tree.check_heads(heads.config.num_heads)
         methods.append({"name": f"{name}/{tree_name}", "model": base,
-                        "make_drafter": lambda spec=spec, heads=heads: make_drafter(spec, heads=heads),
-                        "random_heads": untrained, "tree_nodes": tree.num_nodes})
+                        "make_drafter": lambda spec=heads_spec(cfg, option), heads=heads: make_drafter(spec, heads=heads),
+                        "random_heads": untrained, "tree_nodes": option.tree.num_nodes})
     return methods
 
 

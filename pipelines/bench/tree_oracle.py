@@ -117,7 +117,7 @@ def main(cfg: DictConfig) -> None:
     model, heads, adapted = load_for_decoding(Path(cfg.paths.results) / "heads" / name, model)
     records = load_records(Path(cfg.paths.data) / "eval-records" / cfg.model.name / name,
                            f"baseline-{name}" if adapted else "baseline")
-    tree, _, _ = resolve_tree(cfg, tree_config(cfg, "dynamic_optimal", name), "dynamic_optimal")
+    tree = resolve_tree(cfg, tree_config(cfg, "dynamic_optimal", name), "dynamic_optimal").tree
     if not isinstance(tree, GrownTree):
         raise ValueError(f"tree=dynamic_optimal resolved to {type(tree).__name__}, not a grown tree")
     extra = [tuple(int(x) for x in s) for s in (OmegaConf.select(cfg, "oracle.settings", default=None) or [])]

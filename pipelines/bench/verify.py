@@ -34,7 +34,7 @@ from models.engine.trees import GrownTree, TreeSpec, tree_from_config
 from models.hardware import cpu_model
 from pipelines.methods import random_heads
 from pipelines.common import conf_option, load_model, log, stage, write_json
-from pipelines.host import apply_host
+from pipelines.host import apply_host, static_step
 
 DEFAULTS = {"sizes": [1, 2, 4, 8, 16, 32, 64], "profile": False, "repeats": 7, "prefix_len": 300, "new_tokens": 48, "threads": None,
             "tree": None, "trees": ["sparse64", "eagle2_cpu", "eagle2"]}   # tree=X: that tree alone
@@ -64,19 +64,19 @@ def same_size_fixed(spec: TreeSpec, nodes: int) -> TreeSpec:
     for path in spec.paths:
         if len(kept) < nodes and (len(path) == 1 or tuple(path[:-1]) in kept):
             kept.append(tuple(path))
-    return TreeSpec(f"fixed{len(kept)}", tuple(kept), spec.topk)
+    return TreeSpec(f"fixed{len(kept)}", tuple(kept), spec.top_k)
 
 
 def step_ms(row: dict) -> float:
     return row["draft_ms"] + row["verify_ms"] + row["accept_ms"] + row["commit_ms"]
 
 
-def overhead_per_family(cfg, model, settings) -> list[dict]:
+def overhead_per_family(cfg, model, settings, static: bool = False) -> list[dict]:
     trees = bench_trees(settings)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(model.config.vocab_size, (settings["prefix_len"],), generator=g).tolist()
     rows = []
-    base = generate(model, None, prompt, max_new_tokens=settings["new_tokens"], stop_token_ids=[])
+    base = generate(model, None, prompt, max_new_tokens=settings["new_tokens"], stop_token_ids=[], static=static)
     rows.append({"family": "baseline", "tokens_per_second": base.tokens_per_second,
                  "verify_ms": 1e3 * base.timings["verify"] / base.steps})
     seen = set()
@@ -90,7 +90,8 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
         prepare_heads_for_decoding(heads)                               # as the decoders run them
         grown = None
         for tree_name, tree in trees.items():
-            row = time_drafter(model, prompt, make_drafter({"kind": "heads", "tree": tree}, heads=heads), settings)
+            row = time_drafter(model, prompt, make_drafter({"kind": "heads", "tree": tree}, heads=heads), settings,
+                               static)
             rows.append({"family": family, "heads": conf_name, "heads_layers": layers, "tree": tree_name,
                          "tree_nodes": tree.num_nodes, **row})
             if isinstance(tree, GrownTree):
@@ -101,11 +102,11 @@ def overhead_per_family(cfg, model, settings) -> list[dict]:
     return rows
 
 
-def time_drafter(model, prompt: list[int], drafter, settings) -> dict:
+def time_drafter(model, prompt: list[int], drafter, settings, static: bool = False) -> dict:
     """Milliseconds per decoding step of each part, and drafting + bookkeeping as a share of the verify step."""
-    generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[])   # warm up
+    generate(model, None, prompt[:32], drafter, max_new_tokens=4, stop_token_ids=[], static=static)   # warm up
     res = generate(model, None, prompt, drafter, sampling=SamplingConfig(), max_new_tokens=settings["new_tokens"],
-                   stop_token_ids=[])
+                   stop_token_ids=[], static=static)
     per_step = {k: 1e3 * v / res.steps for k, v in res.timings.items()}
     overhead = per_step["draft"] + per_step["accept"] + per_step["commit"]
     return {"steps": res.steps, "mean_accepted_length": res.mean_accepted_length,
@@ -143,13 +144,16 @@ def main(cfg: DictConfig) -> None:
         torch.set_num_threads(int(settings["threads"]))
     model, _ = load_model(cfg)
     host = apply_host(cfg, str(next(model.parameters()).device))   # on a CPU: nothing changes, recorded as such
+    static = static_step(cfg, next(model.parameters()).device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     log.info("%s on %s, %d torch threads, load average %.1f", cfg.model.name, cpu_model(),
              torch.get_num_threads(), load)
 
-    stock = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
+    stock = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"],
+                                   static=static)
     prepared = prepare_for_decoding(model)
-    prof = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"])
+    prof = verify_latency_profile(model, settings["sizes"], settings["repeats"], settings["prefix_len"],
+                                  static=static)
     print(f"\n1) verify step vs tree tokens ({cfg.model.name}, prefix {settings['prefix_len']}, "
           f"median of {settings['repeats']}, {torch.get_num_threads()} threads); decoding runs the prepared model "
           f"({prepared['packed_linears']} packed linears, attention {prepared['attention']})")
@@ -163,7 +167,7 @@ def main(cfg: DictConfig) -> None:
             print(f"\ntorch.profiler, verify step of {n} token(s) + LM head, 5 steps, prepared model")
             print(op_profile(model, n, settings["prefix_len"]))
 
-    rows = overhead_per_family(cfg, model, settings)
+    rows = overhead_per_family(cfg, model, settings, static)
     print(f"\n2) per decoding step, {settings['new_tokens']} new tokens, random heads (grown trees: eagle2*)")
     print(f"{'heads':>22} {'tree':>11} {'draft ms':>9} {'verify ms':>10} {'accept ms':>10} {'commit ms':>10} {'overhead':>9} "
           f"{'tok/s':>7} {'grown/fixed step':>17}")

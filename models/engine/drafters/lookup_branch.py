@@ -21,7 +21,7 @@ node's probability is the heads' own along its path; a lookup node j tokens belo
 the running rate (Laplace-smoothed) at which prompt lookup's tokens after an n-gram match were right in this
 answer so far; a node both propose has the larger of the two.
 
-Branch nodes are named in the merged TreeSpec by the rank `topk` (one past the heads' ranks), which no head
+Branch nodes are named in the merged TreeSpec by the rank `top_k` (one past the heads' ranks), which no head
 proposes; the heads draft on their own tree only, the merged buffers serve verification and acceptance.
 """
 from __future__ import annotations
@@ -58,10 +58,10 @@ def merge_chain(children: list[list[int]], tokens: list[int], chain: list[int]) 
 def with_branch(spec: TreeSpec, attach: int, k: int) -> tuple[TreeBuffers, torch.Tensor]:
     """Buffers of `spec`'s tree with a chain of k lookup nodes below its node `attach` (node order of
     TreeBuffers), and src: merged node i is entry src[i] of [spec's node tokens..., the k chain tokens].
-    The branch's nodes carry rank spec.topk, which no head proposes."""
+    The branch's nodes carry rank spec.top_k, which no head proposes."""
     nodes = [()] + sorted(spec.paths, key=lambda p: (len(p), p))                # node i of spec's buffers
-    branch = [nodes[attach] + (spec.topk,) + (0,) * j for j in range(k)]
-    merged = TreeSpec(f"{spec.name}+lookup{k}", spec.paths + tuple(branch), spec.topk + 1)
+    branch = [nodes[attach] + (spec.top_k,) + (0,) * j for j in range(k)]
+    merged = TreeSpec(f"{spec.name}+lookup{k}", spec.paths + tuple(branch), spec.top_k + 1)
     index = {p: i for i, p in enumerate(nodes)} | {p: len(nodes) + j for j, p in enumerate(branch)}
     order = [()] + sorted(merged.paths, key=lambda p: (len(p), p))
     return TreeBuffers.build(merged), torch.tensor([index[p] for p in order])

@@ -19,7 +19,7 @@ class EagleDrafter(TreeDrafter):
 
     def __init__(self, eagle, tree: TreeSpec | TreeBuffers, want_probs: bool = False,
                  step_cost: list[float] | None = None):
-        super().__init__(None, tree, step_cost, want_probs, proposer=AutoregressiveProposer(eagle=eagle))
+        super().__init__(None, tree, step_cost, want_probs, proposer=AutoregressiveProposer(module=eagle))
 
     @property
     def cache(self):

@@ -2,7 +2,7 @@
 
     eagle = EagleModule.from_base(model, seed=0)                  # fc + one decoder layer of the base's architecture
     pred = eagle(features, next_tokens, position_ids, cache=cache)  # and unroll, logits: models/shared/autoregressive/draft.py
-    drafter = make_drafter({"kind": "eagle", "tree": spec}, eagle=eagle)    # models/engine/drafters/tree.py
+    drafter = EagleDrafter(eagle, spec)                            # a bare module on a tree: models/methods/eagle/drafter.py
 
 At position t EAGLE reads f_t, the base's final hidden state (after its final norm: transformers'
 last_hidden_state), and x_{t+1}, the token after it, embedded by the frozen base embedding:

@@ -15,11 +15,11 @@ from models.methods.medusa import MEDUSA
 from models.shared.draft_heads import DraftHeads, HeadsConfig, build_heads
 
 
-def medusa_v01_tree(topk: tuple[int, ...] = (7, 6)) -> TreeSpec:
-    """The tree medusa-llm 0.1 builds from medusa_choices=[1, *topk]: every combination of head d's top topk[d]
+def medusa_v01_tree(top_k: tuple[int, ...] = (7, 6)) -> TreeSpec:
+    """The tree medusa-llm 0.1 builds from medusa_choices=[1, *top_k]: every combination of head d's top top_k[d]
     (its cartesian product; [1, 7, 6]: 7 nodes at depth 1, 42 at depth 2)."""
-    paths = [p for d in range(1, len(topk) + 1) for p in itertools.product(*[range(k) for k in topk[:d]])]
-    return TreeSpec(f"medusa_v01_{'_'.join(map(str, (1, *topk)))}", tuple(paths), topk=max(10, *topk))
+    paths = [p for d in range(1, len(top_k) + 1) for p in itertools.product(*[range(k) for k in top_k[:d]])]
+    return TreeSpec(f"medusa_v01_{'_'.join(map(str, (1, *top_k)))}", tuple(paths), top_k=max(10, *top_k))
 
 
 def seeded_medusa_heads(model, seed: int = 0, num_heads: int = 4, scale: float = 0.02) -> DraftHeads:

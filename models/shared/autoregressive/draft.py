@@ -14,6 +14,8 @@ referenced, frozen and never saved. Not handled: architectures that scale their 
 """
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -32,7 +34,7 @@ def reinit_linears(module: nn.Module, std: float) -> None:
                     m.bias.zero_()
 
 
-class AutoregressiveDraft(nn.Module):
+class AutoregressiveDraft(nn.Module, abc.ABC):
     """Subclasses set self.layers (nn.ModuleList of decoder layers, layer_idx 0..n-1 of their own cache), optionally
     self.norm, and implement inputs(). `taps` names the base states the module reads as features
     (models/engine/taps.py; empty: the final hidden state); `readout` is what the LM head reads of a prediction."""
@@ -66,9 +68,9 @@ class AutoregressiveDraft(nn.Module):
         return self._base["rotary"](x, position_ids)
 
     # -- computation ---------------------------------------------------------------------------
+    @abc.abstractmethod
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """The first layer's input [B, T, h] from the pairs: features [B, T, h], next_tokens [B, T]."""
-        raise NotImplementedError
 
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, position_ids: torch.Tensor, cache=None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ the attribute the module is held under (the name its saved weights carry) and bu
 """
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 from torch import nn
@@ -36,7 +37,7 @@ class AutoregressiveHeads(DraftHeads):
         return getattr(self, self.family.draft_attr)
 
 
-class AutoregressiveFamily(HeadFamily):
+class AutoregressiveFamily(HeadFamily, abc.ABC):
     """A draft module run depth after depth over its own outputs, ending in the heads' (shared) LM head over the draft
     vocabulary. `num_heads` is the number of depths it is measured on (and, with the recipe's `unroll`, trained on);
     the blocks are empty. Drafted by models/shared/autoregressive/proposer.py. A subclass names the attribute its
@@ -45,9 +46,9 @@ class AutoregressiveFamily(HeadFamily):
     heads_class = AutoregressiveHeads
     draft_attr: ClassVar[str] = ""
 
+    @abc.abstractmethod
     def build_draft(self, base_model, config) -> nn.Module:
         """The draft module for `base_model` (config: the HeadsConfig)."""
-        raise NotImplementedError
 
     def build_blocks(self, hidden: int, num_heads: int, num_layers: int) -> nn.ModuleList:
         return nn.ModuleList([nn.Sequential() for _ in range(num_heads)])

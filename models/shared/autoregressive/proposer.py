@@ -8,7 +8,7 @@ models/engine/drafters/proposer.py):
     drafter = EagleDrafter(eagle, spec)       # a bare EagleModule: full vocabulary (models/methods/eagle/drafter.py)
     res = generate(model, tok, ids, drafter=drafter)
 
-The features are the base's final hidden states, or for EAGLE-3 the taps its module names (eagle.taps): the
+The features are the base's final hidden states, or for EAGLE-3 the taps its module names (its `taps`): the
 decode step hands the drafter those in place of the final states (DraftContext.hidden, advance's hidden), and the
 first depth's fc fuses them; deeper depths read the layer's own outputs, the LM head its readout (final norm).
 
@@ -48,16 +48,17 @@ __all__ = ["AutoregressiveProposer"]
 
 class AutoregressiveProposer:
     """The draft layer's state and proposals. heads: an AutoregressiveHeads (its draft_module, its LM head over the
-    draft vocabulary) or None with `eagle`, a bare EagleModule scored by the base LM head over the full vocabulary
-    with the model's logit transform."""
+    draft vocabulary) or None with `module`, a bare draft module (EagleModule: models/methods/eagle/drafter.py) scored
+    by the base LM head over the full vocabulary with the model's logit transform."""
 
     capturable = True      # with a static draft cache (DraftContext.static): the draft's shapes are fixed
     fold_root = True       # the root's pair run in the forward that writes the accepted pairs (False: its own)
 
-    def __init__(self, heads=None, eagle=None):
-        if (heads is None) == (eagle is None):
-            raise ValueError("an eagle proposer takes eagle heads (heads=...) or a bare EagleModule (eagle=...)")
-        self.draft = heads.draft_module if heads is not None else eagle    # any AutoregressiveDraft
+    def __init__(self, heads=None, module=None):
+        if (heads is None) == (module is None):
+            raise ValueError("an autoregressive proposer takes autoregressive heads (heads=...) or a bare draft module "
+                             "(module=...), one of the two")
+        self.draft = heads.draft_module if heads is not None else module    # any AutoregressiveDraft
         self.max_depth = None                  # the layer runs over its own outputs: as deep as a tree asks
         self.taps = self.draft.taps            # EAGLE-3: the decode step hands it these base states, not the final
         if heads is not None:
@@ -93,7 +94,7 @@ class AutoregressiveProposer:
         ctx.input_ids [T]."""
         hidden, input_ids = ctx.hidden, ctx.input_ids
         if input_ids is None:
-            raise ValueError("the eagle drafter needs the prompt's token ids (DraftContext.input_ids)")
+            raise ValueError("the autoregressive drafter needs the prompt's token ids (DraftContext.input_ids)")
         self.history.clear()
         T = hidden.shape[0]
         if ctx.static:
@@ -145,7 +146,7 @@ class AutoregressiveProposer:
         """hidden [m, h], tokens [m] (root first): the accepted positions position..position+m-1. Appends the
         pairs (f_{position-1}, x_position), (f_position, x_{position+1}), ... at positions position-1 ..."""
         if self.held() != position - 1:
-            raise ValueError(f"the eagle drafter holds {self.held() + 1} positions, cannot advance from position "
+            raise ValueError(f"the autoregressive drafter holds {self.held() + 1} positions, cannot advance from position "
                              f"{position}")
         m = hidden.shape[0]
         feats = torch.cat([self.feature[None], hidden[:-1].to(self.feature.dtype)])      # [m, h]
@@ -170,7 +171,7 @@ class AutoregressiveProposer:
 
     def rewind(self, position: int) -> None:
         """Back to the state after the first `position` positions: one of the last advances' ends."""
-        self.set_feature(self.history.back_to(position, "the eagle drafter"))
+        self.set_feature(self.history.back_to(position, "the autoregressive drafter"))
         if self.static is not None:
             self.static.crop(position - 1)
         else:
@@ -180,7 +181,7 @@ class AutoregressiveProposer:
     def static_inputs(self) -> tuple[torch.Tensor, ...]:
         """What a draft reads that changes between steps (a captured draft checks their storage is unmoved)."""
         if self.static is None:
-            raise ValueError("the eagle drafter's drafts have fixed shapes only with a static draft cache "
+            raise ValueError("the autoregressive drafter's drafts have fixed shapes only with a static draft cache "
                              "(DraftContext.static)")
         return (self.feature, *self.static.tensors())
 
