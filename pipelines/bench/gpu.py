@@ -182,18 +182,16 @@ def family_heads(cfg: DictConfig, families: list[str] | None) -> list[tuple[str,
 
 
 def drafting_costs(cfg, model, prompt, s: dict, static: bool = False, static_drafts: bool | None = None) -> dict:
-    """{family: {tree: per-step ms of draft/verify/lm_head/accept/commit, step_ms, tokens_per_step}} with random heads,
-    with the static step where `static`; static_drafts: False keeps the drafts eager under it (None: with it)."""
+    """{family: {tree: per-step ms of each part, step_ms, tokens_per_step}}, random heads; static_drafts None: as static."""
     static_drafts = static if static_drafts is None else static_drafts
     out = {}
     for name, h in family_heads(cfg, s["families"]):
         own = list(h.get("bench_trees") or [])            # a head config's own shape (DFlash: its block as a chain)
         trees = with_fixed_twins({t: tree_from_config(conf_option("tree", t)) for t in [*s["trees"], *own]})
         torch.manual_seed(0)
+        block = {k: h[k] for k in ("mask_token_id", "sample_from_anchor") if h.get(k) is not None}   # DFlash's
         config = HeadsConfig.for_base(model, h["family"], int(h["num_heads"]), int(h["num_layers"]),
-                                      share_lm_head=bool(h.get("share_lm_head", False)),
-                                      mask_token_id=h.get("mask_token_id"),
-                                      sample_from_anchor=bool(h.get("sample_from_anchor", False)))
+                                      share_lm_head=bool(h.get("share_lm_head", False)), **block)
         param = next(model.parameters())
         with torch.device(param.device):       # initialised where they run: a 7B-wide LM head a head on one host
             heads = build_heads(config, model).to(param.device, param.dtype).eval()   # thread is seconds each
@@ -260,8 +258,8 @@ def hf_static_figures(model, s: dict) -> dict:
 
 
 def measure_setting(cfg, model, s: dict, setting: str, static: bool) -> dict:
-    """Every figure of FIGURES but transformers' static-cache generate, for one shape under the host settings in
-    force, with the static step where `static`."""
+    """Every figure of FIGURES but transformers' static-cache generate, for one shape, with the static step where
+    `static`."""
     device, t0 = s["device"], time.perf_counter()
     prompt = bench_prompt(model, s)
     prof = verify_latency_profile(model, s["sizes"], int(s["repeats"]), int(s["prefix_len"]), static=static)
