@@ -127,24 +127,29 @@ def test_training_lowers_the_loss_and_trains_the_confidence_head(tmp_path):
     drafts_losslessly(model, tok, heads)
 
 
-@pytest.mark.parametrize("family", ["dspark", "dspark_rnn"])
-def test_calibrations_ranks_carry_the_bias_and_replay_as_the_decoder_accepts(family):
+def assert_ranks_replay_as_decoded(model, tok, heads, paths) -> None:
+    """Calibration's ranks along the greedy continuation, replayed on `paths`, give the decoder's own accepted
+    lengths (but the last steps, which the token limit cuts), and the decode stays lossless."""
     from models.engine.trees import TreeSpec
     from models.measure.calibration import greedy_continuations, replay_steps, sequence_ranks
 
-    model, tok = build_tiny_model(seed=1)
-    heads = dspark_heads(model, family, block=5, bias_scale=2.0)
     prompt = list(tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True,
                                           return_dict=True)["input_ids"])
     N = 30
     seq = greedy_continuations(model, [prompt], N)[0]
     ranks = sequence_ranks(model, heads, seq, len(prompt) - 1)
-    paths = [[0], [1], [0, 0], [0, 0, 0]]
     res = generate(model, tok, prompt, heads_drafter(heads, TreeSpec("t", tuple(map(tuple, paths)), 10)),
                    max_new_tokens=N, stop_token_ids=[])
     assert res.new_tokens == seq[len(prompt):]
     k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
     assert res.accept_lengths[:k] == replay_steps(ranks, paths)[:k]
+
+
+@pytest.mark.parametrize("family", ["dspark", "dspark_rnn"])
+def test_calibrations_ranks_carry_the_bias_and_replay_as_the_decoder_accepts(family):
+    model, tok = build_tiny_model(seed=1)
+    heads = dspark_heads(model, family, block=5, bias_scale=2.0)
+    assert_ranks_replay_as_decoded(model, tok, heads, [[0], [1], [0, 0], [0, 0, 0]])
 
 
 def test_heads_save_and_load_with_their_markov_and_confidence_heads(tmp_path):

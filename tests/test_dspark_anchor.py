@@ -19,7 +19,7 @@ from models.methods import build_heads, export_heads
 from models.methods.dflash.training import draw_blocks
 from models.shared import HeadsConfig
 from tests.test_decoding import cyclic_prompt
-from tests.test_dspark import TREE
+from tests.test_dspark import TREE, assert_ranks_replay_as_decoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,22 +105,9 @@ def test_training_blocks_start_at_slot_zero_one_token_later():
 
 
 def test_calibrations_ranks_replay_as_the_decoder_accepts_with_sample_from_anchor():
-    from models.engine.trees import TreeSpec
-    from models.measure.calibration import greedy_continuations, replay_steps, sequence_ranks
-
     model, tok = build_tiny_model(seed=1)
     heads = anchored(model, "dspark_rnn", depths=4, bias_scale=2.0)
-    prompt = list(tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True,
-                                          return_dict=True)["input_ids"])
-    N = 30
-    seq = greedy_continuations(model, [prompt], N)[0]
-    ranks = sequence_ranks(model, heads, seq, len(prompt) - 1)
-    paths = [[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
-    res = generate(model, tok, prompt, heads_drafter(heads, TreeSpec("t", tuple(map(tuple, paths)), 10)),
-                   max_new_tokens=N, stop_token_ids=[])
-    assert res.new_tokens == seq[len(prompt):]
-    k = next(i for i in range(len(res.accept_lengths)) if sum(res.accept_lengths[:i + 1]) > N - 5)
-    assert res.accept_lengths[:k] == replay_steps(ranks, paths)[:k]
+    assert_ranks_replay_as_decoded(model, tok, heads, [[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
 
 
 def test_the_speculators_export_writes_it_and_the_authors_format_refuses_it(tmp_path):
