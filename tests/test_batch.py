@@ -90,6 +90,23 @@ def test_each_sequence_of_a_batch_is_its_own_batch_one_greedy_answer(tiny, kind)
         assert any(any(r.from_draft) for r in together)
 
 
+@pytest.mark.parametrize("kind", ["baseline", "prompt_lookup"])
+def test_a_row_left_alone_by_a_longer_neighbour_decodes_its_own_answer(tiny, kind):
+    """The longer prompt stops first: the shorter row, left alone, takes plain 1-token steps on a cache that held
+    its neighbour's longer columns (the bug the batch curve met at B = 2 on SmolLM2: one answer in 40 changed)."""
+    model, _, prompts = tiny
+    short, long = prompts[2], prompts[5]                                   # 3 and 30 tokens
+    plain = [generate(model, None, p, max_new_tokens=NEW, stop_token_ids=[]).new_tokens for p in (short, long)]
+    stops = [next(t for t in plain[1][2:] if t not in plain[0])]          # ends the long answer, never the short
+    make = DRAFTERS[kind](model)
+    alone = [generate(model, None, p, make() if make else None, max_new_tokens=NEW, stop_token_ids=stops).new_tokens
+             for p in (short, long)]
+    together = generate_batch(model, None, [short, long], [make(), make()] if make else None,
+                              max_new_tokens=NEW, stop_token_ids=stops)
+    assert len(alone[1]) < len(alone[0])                                   # the long one left first
+    assert [r.new_tokens for r in together] == alone
+
+
 def test_the_context_stops_each_sequence_at_its_own_step():
     model, _ = build_tiny_model(seed=1, max_position_embeddings=40)
     g = torch.Generator().manual_seed(1)

@@ -27,7 +27,7 @@ import torch
 from models.engine.acceptance import SamplingConfig
 from models.engine.decoding import GenerationResult, Output, checked_max_new_tokens, resolve_stop_ids
 from models.engine.drafters.base import DraftContext, StepDrafter
-from models.engine.kv_cache import cache_kwargs, new_cache
+from models.engine.kv_cache import cache_kwargs, cut_to, new_cache
 from models.engine.projection import base_logits
 from models.engine.step import BatchState, attention_masks, drafter_taps, first_token, step
 from models.engine.taps import LayerTaps
@@ -179,3 +179,4 @@ def _drop_finished(cache, rows: list[_Seq], staying: list[_Seq]) -> None:
     keep = [i for i, s in enumerate(rows) if any(s is t for t in staying)]
     if keep:
         cache.batch_select_indices(torch.tensor(keep, device=cache.layers[0].keys.device))
+        cut_to(cache, max(s.past for s in staying))    # a dropped row may have been the longest: no column past it

@@ -12,7 +12,8 @@ has `past` (its committed positions), `root` (its last emitted token, not yet in
   2) verify: ONE forward over every row's tree (a row without one: its root alone), padded to the largest, written
              at the cache's columns L.. (L = its length: the longest row; B = 1: the row's own past). Row b's queries
              sit at positions past_b + depth and see its committed columns, its tree's ancestors and themselves
-             (row_masks); a padding query sees itself only. A lone 1-token step runs with no mask at all;
+             (row_masks); a padding query sees itself only. A lone 1-token step on a cache of its own columns
+             only (a batch's neighbours dropped, its cache cut to it) runs with no mask at all;
   3) accept: each row's rule on its own rows of the LM head (B > 1: the rows of every small tree in one product, as
              a CPU reads the LM head's weights once for them all), with its own generator;
   4) commit: row b's accepted columns move down to past_b.. (kv_cache.keep_accepted), its drafter advances over
@@ -177,7 +178,8 @@ def draft_rows(rows, drafters: list, max_depths: list[int]) -> list:
 def verify(state, rows, drafts: list, L: int) -> torch.Tensor:
     """One forward over every row's tree -> hidden [B, N, h]; the cache grows by N columns."""
     trees = [tree_of(d) for d in drafts]
-    if len(rows) == 1 and trees[0] is None:                # a plain 1-token step: no mask, nothing to pad
+    if len(rows) == 1 and trees[0] is None and L == rows[0].past:   # a plain 1-token step on a cache of its own
+        # columns only: no mask, nothing to pad (a garbage column past the row's own would be seen unmasked)
         r = rows[0]
         return state.decoder(input_ids=torch.tensor([[r.root]], device=state.device),
                              position_ids=torch.tensor([[r.past]], device=state.device), use_cache=True,
