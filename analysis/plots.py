@@ -26,7 +26,7 @@ def _methods(summary: dict, tree: str | None) -> dict[str, dict]:
             if (m["kind"] == "heads" and (tree is None or m["tree"] == tree)) or m["kind"] in PLD_KINDS}
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -51,7 +51,7 @@ def plot_speedup_per_category(summary: dict, path, tree: str | None = None) -> P
     ax.set_ylabel("speedup over autoregressive")
     ax.set_title(f"Speedup per category: {ours_label(summary, tree)}", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_accept_histogram(summary: dict, path, tree: str | None = None) -> Path:
@@ -70,7 +70,7 @@ def plot_accept_histogram(summary: dict, path, tree: str | None = None) -> Path:
     ax.set_ylabel("share of steps")
     ax.set_title(f"Accepted length: {ours_label(summary, tree)}", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_speedup_vs_tree_size(summary: dict, path) -> Path:
@@ -102,7 +102,7 @@ def plot_speedup_vs_tree_size(summary: dict, path) -> Path:
     ax.set_ylabel("speedup over autoregressive")
     ax.set_title(f"Speedup vs tree size (solid: end to end, dashed: decode-only): {ours_label(summary)}", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_calibration(rows: list[dict], path, title: str = "") -> Path:
@@ -132,7 +132,7 @@ def plot_calibration(rows: list[dict], path, title: str = "") -> Path:
     ax.set_title(title or "Calibration: predicted vs measured accepted length", fontsize=9)
     if rows:
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _forest(ax, labels: list[str], values: list[float], cis: list, colors: list[str] | None = None) -> None:
@@ -159,7 +159,7 @@ def plot_speedup_intervals(summary: dict, path) -> Path:
                 [i["ci"] for i in iv], colors)
     ax.set_xlabel("speedup over autoregressive, end to end (95% bootstrap interval over questions)")
     ax.set_title(f"Speedup with intervals: {ours_label(summary)}", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_comparisons(rows: list[dict], path, title: str = "") -> Path:
@@ -174,7 +174,7 @@ def plot_comparisons(rows: list[dict], path, title: str = "") -> Path:
                 [r["interval"] for r in rows], colors)
     ax.set_xlabel("ratio A / B of mean per-question values (paired 95% bootstrap interval)")
     ax.set_title(title or "Paired comparisons (green: A ahead, red: B ahead, grey: no clear difference)", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_data_scaling(record: dict, path, budgets: tuple[str, ...] = ("4", "16")) -> Path:
@@ -198,4 +198,4 @@ def plot_data_scaling(record: dict, path, budgets: tuple[str, ...] = ("4", "16")
         a.set_ylabel(ylabel)
         a.legend(fontsize=7)
     fig.suptitle("Draft quality against training data (same val set, same epochs)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -83,8 +83,8 @@ def test_static_drafts_follow_the_static_step_the_caller_asks_for(tiny_model, mo
 
     model, _ = tiny_model
     asked = []
-    real = decoding.prefill
-    monkeypatch.setattr(decoding, "prefill", lambda *a, **k: asked.append(a[-1]) or real(*a, **k))
+    real = decoding.prefill_rows
+    monkeypatch.setattr(decoding, "prefill_rows", lambda *a, **k: asked.append(a[-1]) or real(*a, **k))
     monkeypatch.setattr(decoding, "attach_static", lambda state, drafter, n: None)
     monkeypatch.setattr(hardware, "is_cuda", lambda device: True)
     drafter = drafter_of(model, "medusa")

@@ -95,13 +95,13 @@ def test_plots_keep_their_whole_titles(tmp_path):
     import matplotlib.image as mpimg
     import matplotlib.pyplot as plt
 
-    from analysis.plots import _save
+    from analysis.plots import save_figure
 
     fig, ax = plt.subplots(figsize=(3, 2))
     title = ax.set_title("Paired comparisons (green: A ahead, red: B ahead, grey: no clear difference) " * 2)
     fig.canvas.draw()
     width = title.get_window_extent().width * 120 / fig.dpi           # in the saved image's pixels (dpi 120)
-    image = mpimg.imread(_save(fig, tmp_path / "long_title.png"))
+    image = mpimg.imread(save_figure(fig, tmp_path / "long_title.png"))
     assert image.shape[1] >= width > 3 * 120
 
 

@@ -13,7 +13,10 @@
 The decoder never names a drafting strategy: a drafter (models/engine/drafters/) proposes a Draft, the step
 verifies and accepts it, the drafter follows the accepted path.
 
-One step (decode_step: models/engine/step.py at B = 1, the one step generate_batch runs too; docs/design.md#the-decode-step):
+One core for every batch size (decode): prefill_rows puts B prompts through the base in one forward (one prompt as
+it is, several right-padded and masked), decode_rows steps every live row (models/engine/step.py; docs/design.md#the-
+decode-step) until each has stopped. generate is its door for one sequence, generate_batch (models/engine/batch.py)
+its door for B; at B = 1 they decode alike, on the same tensors.
   1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers (a Draft:
              the heads' tree, a chain of context tokens, ...); m = 0 drafts (or no drafter) is a plain
              1-token step
@@ -23,7 +26,7 @@ One step (decode_step: models/engine/step.py at B = 1, the one step generate_bat
   4) commit: keep only the accepted path's KV rows; the drafter advances over the accepted path
 The prefill token and every bonus token come from the base model, so len(new_tokens) ==
 1 + sum(accept_lengths): accept_lengths[i] = tokens emitted by decoding step i (baseline: 1).
-Stop rules (generate's loop): the first stop token ends the answer (and is kept); tokens beyond
+Stop rules (decode_rows, per sequence): the first stop token ends the answer (and is kept); tokens beyond
 max_new_tokens are dropped; positions never exceed max_position_embeddings - 1 (the draft is cut
 to the depth that still fits, then decoding stops cleanly).
 """
@@ -33,21 +36,22 @@ import functools
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
-from models.engine.kv_cache import cache_kwargs, new_cache
-from models.engine.projection import BaseLogits, base_logits
+from models.engine.kv_cache import cache_kwargs, cut_to, new_cache
+from models.engine.projection import base_logits
 from models.engine.static_step import attach_static
-from models.engine.step import TIMED_PARTS, DeviceClock, drafter_taps, first_token, row_masks, step, zero_timings
+from models.engine.step import (TIMED_PARTS, DecodeState, DeviceClock, Row, drafter_taps, first_token, prompt_inputs,
+                                row_masks, step)
 from models.engine.step import verify as step_verify
 from models.engine.taps import LayerTaps
 from models.engine.trees import TreeBuffers
 
-__all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "prefill", "decode_step", "time_step", "generate"]
+__all__ = ["SamplingConfig", "GenerationResult", "DecodeState", "Row", "prefill", "prefill_rows", "decode_step",
+           "time_step", "generate", "decode"]
 
 
 @dataclass
@@ -131,9 +135,8 @@ def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers | DeviceTree, ca
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h] (the decode step's
     verify at B = 1, by hand). The cache grows by N rows (prune them with kv_cache.keep_accepted)."""
-    state = SimpleNamespace(decoder=decoder, cache=cache, dtype=dtype, device=tokens.device)
-    row = SimpleNamespace(past=past, root=int(tokens[0]))
-    return step_verify(state, [row], [SimpleNamespace(buf=buf, tokens=tokens)], past)[0]
+    state = DecodeState(decoder, None, cache, None, dtype, tokens.device, [Row(past, int(tokens[0]))])
+    return step_verify(state, state.rows, [SimpleNamespace(buf=buf, tokens=tokens)], past)[0]
 
 
 def verify_masks(config, buf: TreeBuffers | DeviceTree, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:
@@ -152,6 +155,11 @@ def checked_max_new_tokens(max_new_tokens) -> int:
     return int(max_new_tokens)
 
 
+def max_position(model) -> int:
+    """The model's context: its last position is this minus one."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
 def _as_ids(input_ids, device) -> torch.Tensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
     if ids.dim() == 2:
@@ -160,67 +168,54 @@ def _as_ids(input_ids, device) -> torch.Tensor:
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
         raise ValueError(f"input_ids must be a non-empty list or [T] / [1, T] tensor, got shape {tuple(ids.shape)}")
-    return ids.unsqueeze(0)                                                      # [1, T]
+    return ids                                                                   # [T]
 
 
-# -- the decode step ---------------------------------------------------------------------------------
-@dataclass
-class DecodeState:
-    """One sequence being decoded: `past` positions in the base cache, then `root`, the last emitted
-    token (not yet in the cache); base_logits: hidden -> the model's own logits (projection.base_logits).
-    timings: seconds summed over steps: draft, verify (forward + LM head), lm_head (its LM-head share, the
-    model's logit transform included), accept (the rule alone), commit (KV pruning + drafter state).
-    sync: called before each clock read when timings must be exact on an asynchronous device (time_step)."""
-    decoder: torch.nn.Module
-    base_logits: BaseLogits
-    cache: object
-    past: int
-    root: int
-    sampling: SamplingConfig
-    generator: torch.Generator | None
-    dtype: torch.dtype
-    device: torch.device
-    timings: dict = field(default_factory=zero_timings)
-    sync: Callable[[], None] | None = None
-    device_clock: DeviceClock | None = None             # each part's device time too (step.py DeviceClock)
-
-    def rewind(self, past: int, root: int) -> None:
-        """Back to `past` cached positions with `root` next (drop the cache rows from `past` on); the
-        drafter is rewound with drafter.rewind(past)."""
-        if not 0 < past <= self.past:
-            raise ValueError(f"can only rewind to 0 < past <= {self.past} cached positions, got {past}")
-        self.cache.crop(past - self.cache.get_seq_length())   # a negative crop: the rows to drop
-        self.past, self.root = past, int(root)
-
-    def clock(self) -> float:
-        if self.sync is not None:
-            self.sync()
-        return time.perf_counter()
+# -- the prefill and the step, by hand -----------------------------------------------------------------
+def prefill_rows(model, prompts: list[torch.Tensor], sampling: SamplingConfig, rows: list[Row], drafters: list,
+                 static_drafts: bool = False) -> DecodeState:
+    """The prompts (ids [T_b], one per row) through the base in one forward -> the state of `rows`: each row's past
+    its prompt's length, its root the first new token (drawn with its own generator), its drafter started. One
+    prompt runs as it is, several right-padded and masked (step.prompt_inputs); the LM head runs once over each
+    row's last position. static_drafts: the drafter may replay its drafts as CUDA graphs (DraftContext.static), a
+    lone sequence's only."""
+    B = len(rows)
+    if static_drafts and B > 1:
+        raise ValueError(f"static drafts replay one sequence's drafts as CUDA graphs; this prefill has {B} rows "
+                         "(decode a batch with eager drafts)")
+    decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
+    cache = new_cache()
+    ids, masks = prompt_inputs(decoder.config, prompts, model.dtype)                                    # [B, T]
+    with LayerTaps(decoder, drafter_taps(drafters[0])) as tapped:
+        hidden = decoder(input_ids=ids, use_cache=True, **masks, **cache_kwargs(decoder, cache)).last_hidden_state
+    lengths = [len(p) for p in prompts]
+    last = hidden[0, -1:] if B == 1 else hidden[torch.arange(B, device=ids.device),
+                                                torch.tensor(lengths, device=ids.device) - 1]           # [B, h]
+    last = logits(last)                                                                                  # [B, V]
+    features = hidden if not tapped.taps else tapped.features()                                          # [B, T, w]
+    for b, (r, drafter, n) in enumerate(zip(rows, drafters, lengths)):
+        r.past = n
+        r.root = first_token(last[b], sampling, r.generator, speculative=drafter is not None)
+        if drafter is not None:
+            drafter.start(DraftContext(ids[b, :n], features[b, :n], sampling, r.generator, static=static_drafts))
+    return DecodeState(decoder, logits, cache, sampling, model.dtype, ids.device, list(rows))
 
 
 def prefill(model, ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None,
             drafter: StepDrafter | None = None, static_drafts: bool = False) -> DecodeState:
-    """The prompt ids [1, T] through the base model -> the state with the first new token as root. static_drafts:
-    the drafter may replay its drafts as CUDA graphs (DraftContext.static)."""
-    decoder, logits = model.get_decoder(), base_logits(model)        # checked against the model once per model
-    cache = new_cache()
-    with LayerTaps(decoder, drafter_taps(drafter)) as tapped:
-        hidden = decoder(input_ids=ids, use_cache=True, **cache_kwargs(decoder, cache)).last_hidden_state[0]  # [T, h]
-    root = first_token(logits(hidden[-1:])[0], sampling, generator, speculative=drafter is not None)
-    if drafter is not None:
-        features = hidden if not tapped.taps else tapped.features()[0]                               # [T, w]
-        drafter.start(DraftContext(ids[0], features, sampling, generator, static=static_drafts))
-    return DecodeState(decoder, logits, cache, ids.shape[1], root, sampling, generator, model.dtype, ids.device)
+    """The prompt ids [1, T] through the base model -> a state of one row, the first new token its root
+    (prefill_rows for one prompt)."""
+    return prefill_rows(model, [ids[0]], sampling, [Row(0, 0, generator)], [drafter], static_drafts)
 
 
 def decode_step(state: DecodeState, drafter: StepDrafter | None = None, max_depth: int = 0) -> tuple[list[int], int]:
-    """One step from state.root (models/engine/step.py, at B = 1: the state is its own row): draft (at most
-    max_depth deep) -> verify -> accept -> commit.
+    """One step from state.root (models/engine/step.py for a state of one row): draft (at most max_depth deep) ->
+    verify -> accept -> commit.
 
     Returns (tokens, drafted): the accepted drafts followed by the bonus token (the new state.root);
     the first `drafted` tokens are drafts. No drafter, or a draft of the root alone: a plain 1-token step.
     """
-    return step(state, [state], [drafter], [max_depth])[0]
+    return step(state, [state.only_row()], [drafter], [max_depth])[0]
 
 
 @torch.inference_mode()
@@ -246,6 +241,103 @@ def time_step(state: DecodeState, drafter: StepDrafter | None, max_depth: int, r
     return out
 
 
+# -- the loop: generate and generate_batch (models/engine/batch.py) are its two doors ------------------------------
+@dataclass(eq=False)
+class Sequence(Row):
+    """A row the loop decodes: its place among the prompts (results come back in that order), drafter, output."""
+    index: int = 0
+    drafter: StepDrafter | None = None
+    out: Output | None = None
+    accept_lengths: list = field(default_factory=list)
+    finished_at: float = 0.0                            # seconds from the start until it stopped
+
+
+def sequences(drafters: list, sampling: SamplingConfig, max_new_tokens: int, stops: set[int], device,
+              seeds: list[int] | None = None, on_tokens=None) -> list[Sequence]:
+    """One Sequence per drafter, each with its own generator: seeds[b], else sampling.seed + b (a lone sequence:
+    sampling.seed), else a fresh seed, so a sequence's draws do not depend on its neighbours."""
+    seqs = []
+    for b, drafter in enumerate(drafters):
+        g = torch.Generator(device=device)
+        seed = seeds[b] if seeds is not None else (None if sampling.seed is None else sampling.seed + b)
+        g.manual_seed(seed) if seed is not None else g.seed()
+        seqs.append(Sequence(0, 0, g, index=b, drafter=drafter, out=Output(max_new_tokens, stops, on_tokens)))
+    return seqs
+
+
+def drop_rows(cache, rows: list[Sequence], staying: list[Sequence]) -> None:
+    """Keep the cache rows of `staying` (rows: the sequences the cache's rows hold now, in order): freed, not
+    masked, since a masked row would still cost a row of every verify forward. None staying: nothing to keep."""
+    if not staying or len(staying) == len(rows) or cache.get_seq_length() == 0:
+        return
+    keep = [i for i, s in enumerate(rows) if any(s is t for t in staying)]
+    cache.batch_select_indices(torch.tensor(keep, device=cache.layers[0].keys.device))
+    cut_to(cache, max(s.past for s in staying))     # a dropped row may have been the longest: no column past it
+
+
+def leave(cache, live: list[Sequence], done: list[Sequence], t0: float) -> list[Sequence]:
+    """The sequences still decoding; the others join `done` with their finishing time, their rows dropped."""
+    staying = [s for s in live if not s.out.done]
+    if len(staying) < len(live):
+        now = time.perf_counter() - t0
+        for s in live:
+            if s.out.done:
+                s.finished_at = now
+                done.append(s)
+        drop_rows(cache, live, staying)
+    return staying
+
+
+def decode_rows(state: DecodeState, seqs: list[Sequence], max_pos: int, t0: float) -> list[Sequence]:
+    """Steps of every live row until each has stopped (its stop token, its token limit, the context), each drafting
+    no deeper than its context and token limit allow -> the sequences in the order they stopped."""
+    done, live = [], list(seqs)
+    while live:
+        for s in live:
+            if s.past >= max_pos and not s.out.done:                        # no position left for its root
+                s.out.stop_reason = "context_limit"
+        live = state.rows = leave(state.cache, live, done, t0)
+        if not live:
+            break
+        depths = [min(max_pos - 1 - s.past, s.out.max_new - len(s.out.tokens) - 1) for s in live]
+        for s, (tokens, drafted) in zip(live, step(state, live, [s.drafter for s in live], depths)):
+            s.accept_lengths.append(s.out.emit(tokens, [True] * drafted + [False]))
+    return done
+
+
+def decode(model, tokenizer, prompts: list[torch.Tensor], seqs: list[Sequence], sampling: SamplingConfig,
+           static: bool = False, static_drafts: bool | None = None,
+           device_clock: DeviceClock | None = None) -> list[GenerationResult]:
+    """generate's and generate_batch's one core: every prompt (ids [T_b], one per sequence) prefilled at once, then
+    steps until each sequence stops -> one GenerationResult per prompt, in order. static: the static step, a lone
+    sequence's (attach_static); static_drafts: None follows static."""
+    if static and len(seqs) > 1:
+        raise ValueError(f"the static step decodes one sequence; this batch has {len(seqs)} (decode it eagerly)")
+    if seqs[0].out.max_new == 0:
+        return [GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens") for _ in seqs]
+    base_logits(model)                                    # its one-time check outside the clock
+    t0 = time.perf_counter()
+    static_drafts = static if static_drafts is None else static_drafts
+    state = prefill_rows(model, prompts, sampling, seqs, [s.drafter for s in seqs], static_drafts)
+    if static:
+        attach_static(state, seqs[0].drafter, seqs[0].out.max_new)   # None where it does not apply: stays eager
+    prefill_time = time.perf_counter() - t0
+    state.device_clock = device_clock
+    for s in seqs:                                        # the prefill's token: the root of the first draft
+        s.out.emit([s.root], [False])
+    done = decode_rows(state, seqs, max_position(model), t0)
+    sync = functools.partial(torch.cuda.synchronize, state.device) if state.device.type == "cuda" else None
+    device_timings = device_clock.seconds(sync) if device_clock is not None else {}
+    results = [None] * len(seqs)
+    for s in done:
+        text = tokenizer.decode(s.out.tokens, skip_special_tokens=True) if tokenizer is not None else ""
+        results[s.index] = GenerationResult(s.out.tokens, text, s.accept_lengths, len(s.accept_lengths),
+                                            s.finished_at, s.out.from_draft, prefill_time=prefill_time,
+                                            timings=dict(state.timings), stop_reason=s.out.stop_reason,
+                                            device_timings=dict(device_timings))
+    return results
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sampling: SamplingConfig | None = None,
              max_new_tokens: int = 128, stop_token_ids=None, on_tokens=None, static: bool = False,
@@ -260,45 +352,11 @@ def generate(model, tokenizer, input_ids, drafter: StepDrafter | None = None, sa
     max_new_tokens = checked_max_new_tokens(max_new_tokens)
     sampling = sampling or SamplingConfig()
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
-    if sampling.seed is not None:
-        generator.manual_seed(sampling.seed)
-    else:
-        generator.seed()
-    stops = resolve_stop_ids(model, tokenizer, stop_token_ids)
-    out = Output(max_new_tokens, stops, on_tokens)
-    max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+    seqs = sequences([drafter], sampling, max_new_tokens, resolve_stop_ids(model, tokenizer, stop_token_ids), device,
+                     on_tokens=on_tokens)
+    max_pos = max_position(model)
     ids = _as_ids(input_ids, device)
-    if ids.shape[1] > max_pos:
-        raise ValueError(f"prompt has {ids.shape[1]} tokens but the model's context is {max_pos} "
+    if len(ids) > max_pos:
+        raise ValueError(f"prompt has {len(ids)} tokens but the model's context is {max_pos} "
                          "(max_position_embeddings); shorten the prompt")
-    accept_lengths: list[int] = []
-    if max_new_tokens <= 0:
-        return GenerationResult([], "", [], 0, 0.0, [], stop_reason="max_new_tokens")
-
-    # 1) prefill: the prompt through the base model -> first token (the root of the first draft)
-    base_logits(model)                                    # its one-time check outside the clock
-    t0 = time.perf_counter()
-    static_drafts = static if static_drafts is None else static_drafts
-    state = prefill(model, ids, sampling, generator, drafter, static_drafts)
-    if static:
-        attach_static(state, drafter, max_new_tokens)      # None where it does not apply: the step stays eager
-    prefill_time = time.perf_counter() - t0
-    state.device_clock = device_clock
-    out.emit([state.root], [False])
-
-    # 2) decoding steps, each drafting no deeper than the context and the token limit allow
-    while not out.done:
-        if state.past >= max_pos:                         # the root itself has no position left
-            out.stop_reason = "context_limit"
-            break
-        max_depth = min(max_pos - 1 - state.past, max_new_tokens - len(out.tokens) - 1)
-        tokens, drafted = decode_step(state, drafter, max_depth)
-        accept_lengths.append(out.emit(tokens, [True] * drafted + [False]))
-
-    wall = time.perf_counter() - t0
-    text = tokenizer.decode(out.tokens, skip_special_tokens=True) if tokenizer is not None else ""
-    sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else None
-    return GenerationResult(out.tokens, text, accept_lengths, len(accept_lengths), wall, out.from_draft,
-                            prefill_time=prefill_time, timings=state.timings, stop_reason=out.stop_reason,
-                            device_timings=device_clock.seconds(sync) if device_clock is not None else {})
+    return decode(model, tokenizer, [ids], seqs, sampling, static, static_drafts, device_clock)[0]

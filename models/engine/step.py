@@ -2,9 +2,9 @@
 
     outs = step(state, rows, drafters, max_depths)      # per row: (tokens emitted, how many of them were drafts)
 
-`state` holds what the rows share: the decoder, base_logits, the cache, sampling, dtype, device, the timings and
-clock(); generate's DecodeState is one (B = 1, the state its own row), generate_batch's BatchState another. A row
-has `past` (its committed positions), `root` (its last emitted token, not yet in the cache) and `generator`.
+`state` (DecodeState) holds what the rows share: the decoder, base_logits, the cache, sampling, dtype, device, the
+timings and clock(), and its rows; generate decodes a state of one row, generate_batch one of B. A Row has `past`
+(its committed positions), `root` (its last emitted token, not yet in the cache) and `generator`.
 
   1) draft:  each row's drafter proposes a tree below its root, at most max_depths[b] deep; B > 1 drafts fixed trees
              of one kind together (drafters/tree.py draft_many), B = 1 asks its drafter alone (which may hand back a
@@ -83,14 +83,29 @@ class DeviceClock:
 
 
 @dataclass
-class BatchState:
-    """What B rows decoding together share (generate_batch; a DecodeState is the B = 1 state, and its own row)."""
+class Row:
+    """One sequence as the step sees it: `past` committed positions in the cache, then `root`, its last emitted
+    token (not yet in the cache), and its own generator (None: greedy needs none)."""
+    past: int
+    root: int
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class DecodeState:
+    """What B rows decoding together share, and the rows: the decoder, base_logits (hidden -> the model's own
+    logits, projection.base_logits), the cache, sampling, dtype, device. timings: seconds summed over steps: draft,
+    verify (forward + LM head), lm_head (its LM-head share, the model's logit transform included), accept (the rule
+    alone), commit (KV pruning + drafter state). sync: called before each clock read when timings must be exact on
+    an asynchronous device (time_step). device_clock: each part's device time too (DeviceClock).
+    A state of one row also reads and sets that row's past, root and generator as its own (the loop by hand)."""
     decoder: torch.nn.Module
     base_logits: BaseLogits
     cache: object
     sampling: SamplingConfig
     dtype: torch.dtype
     device: torch.device
+    rows: list = field(default_factory=list)
     timings: dict = field(default_factory=zero_timings)
     sync: Callable[[], None] | None = None
     device_clock: DeviceClock | None = None
@@ -99,6 +114,25 @@ class BatchState:
         if self.sync is not None:
             self.sync()
         return time.perf_counter()
+
+    def only_row(self) -> Row:
+        if len(self.rows) != 1:
+            raise ValueError(f"state.past, .root and .generator are a lone row's; this state has {len(self.rows)} "
+                             "rows (read state.rows[b])")
+        return self.rows[0]
+
+    past = property(lambda self: self.only_row().past, lambda self, v: setattr(self.only_row(), "past", v))
+    root = property(lambda self: self.only_row().root, lambda self, v: setattr(self.only_row(), "root", v))
+    generator = property(lambda self: self.only_row().generator,
+                         lambda self, v: setattr(self.only_row(), "generator", v))
+
+    def rewind(self, past: int, root: int) -> None:
+        """A state of one row back to `past` cached positions with `root` next (the cache's columns from `past` on
+        dropped); the drafter is rewound with drafter.rewind(past)."""
+        if not 0 < past <= self.past:
+            raise ValueError(f"can only rewind to 0 < past <= {self.past} cached positions, got {past}")
+        self.cache.crop(past - self.cache.get_seq_length())   # a negative crop: the columns to drop
+        self.past, self.root = past, int(root)
 
 
 def first_token(logits: torch.Tensor, sampling: SamplingConfig, generator, speculative: bool = False) -> int:
@@ -164,6 +198,25 @@ def row_masks(config, trees: list, pasts: list[int], L: int, dtype: torch.dtype,
         depth[b] += past
     k_pos = torch.cat([cols.expand(B, -1), depth], 1) if getattr(config, "sliding_window", None) else None
     return attention_masks(config, visible, depth, k_pos, dtype), depth
+
+
+def prompt_inputs(config, prompts: list[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
+    """The prefill's prompts (ids [T_b]) -> (input_ids [B, T], the forward's other inputs). One prompt goes as it is,
+    with no mask and no positions (the model's own causal mask); several are right-padded, each row causal over its
+    own tokens and blind to its padding (attention_mask, position_ids)."""
+    if len(prompts) == 1:
+        return prompts[0][None], {}
+    device = prompts[0].device
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    T = int(lengths.max())
+    ids = torch.zeros(len(prompts), T, dtype=torch.long, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = p
+    pos = torch.arange(T, device=device)
+    visible = (pos[None, :, None] >= pos[None, None, :]) & (pos[None, None, :] < lengths[:, None, None])
+    positions = pos.expand(len(prompts), T)
+    return ids, {"attention_mask": attention_masks(config, visible, positions, positions, dtype),
+                 "position_ids": positions}
 
 
 # -- the four parts -------------------------------------------------------------------------------
