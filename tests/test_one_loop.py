@@ -56,6 +56,7 @@ def recorded_forwards(model, monkeypatch) -> list[tuple]:
 
 def test_a_lone_sequence_runs_the_models_own_mask_and_a_batch_its_padded_one(tiny, monkeypatch):
     model, _, prompts = tiny
+    generate(model, None, prompts[2], max_new_tokens=1)            # the model's one-time logits check, unrecorded
     seen = recorded_forwards(model, monkeypatch)
     generate(model, None, prompts[2], max_new_tokens=4, stop_token_ids=[])
     assert seen == [(False, False, len(prompts[2]))] + [(False, True, 1)] * 3
