@@ -82,10 +82,10 @@ class DeviceClock:
         return total
 
 
-@dataclass
+@dataclass(eq=False)
 class Row:
     """One sequence as the step sees it: `past` committed positions in the cache, then `root`, its last emitted
-    token (not yet in the cache), and its own generator (None: greedy needs none)."""
+    token (not yet in the cache), and its own generator (None: greedy needs none). Compared by identity."""
     past: int
     root: int
     generator: torch.Generator | None = None
