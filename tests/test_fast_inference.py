@@ -121,7 +121,7 @@ def test_bf16_draft_heads_stay_lossless_and_close(family):
 def test_bf16_heads_leave_a_shared_base_lm_head_in_float32():
     """With the full vocabulary a head's output layer IS the base LM head; its float32 copy (from
     prepare_for_decoding) must stay, since the base's logits decide the output."""
-    from models.engine.fast_inference import packed_dtype, prepare_heads_for_decoding
+    from models.engine.fast_inference import prepare_heads_for_decoding
     from models.shared import HeadsConfig
     from models.methods import build_heads
 
@@ -130,7 +130,7 @@ def test_bf16_heads_leave_a_shared_base_lm_head_in_float32():
     lm_head = model.get_output_embeddings()
     prepare_for_decoding(model)
     prepare_heads_for_decoding(heads, bf16=True)
-    assert packed_dtype(lm_head) == torch.float32        # float32 packing: no bf16 copy
+    assert is_packed(lm_head)                            # still packed, and in float32 (the product below)
     x = torch.randn(2, lm_head.in_features)
     with torch.inference_mode():
         torch.testing.assert_close(lm_head(x), torch.nn.functional.linear(x, lm_head.weight), rtol=1e-5, atol=1e-5)

@@ -51,12 +51,6 @@ def is_packed(module) -> bool:
     return module in _PACKED
 
 
-def packed_dtype(module) -> torch.dtype | None:
-    """The dtype of a linear's packed copy (float32, or bfloat16: a draft head's), or None where it has none."""
-    entry = _PACKED.get(module)
-    return None if entry is None else torch.float32 if entry[2] is None else entry[2].dtype
-
-
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     key, packed, bias = _PACKED.get(self, (None, None, None))
     w = self.weight
