@@ -82,7 +82,8 @@ ok = self._own, getattr(self, "_own"), getattr(config, "_attn_implementation")
 
 def test_only_the_decode_step_verifies_and_prunes():
     """One step for every batch size: keep_accepted and the step's verify are called in models/engine/step.py's
-    step, verify_tree (the verify by hand, for tests and benches) only in decoding.py on top of it, and nothing
+    step, verify_rows and verify_tree (the verify by hand: tests, benches, the batched latency profile) only in
+    decoding.py on top of it (verify_rows also in models/measure/latency.py, which times it), and nothing
     else in the library verifies a tree or prunes the cache: decoding's loop (decode_rows, which generate and
     generate_batch both enter) and decode_step (the step by hand) are its only callers."""
     calls = []
@@ -90,15 +91,16 @@ def test_only_the_decode_step_verifies_and_prunes():
         tree = ast.parse(path.read_text())
         own = path.name == "step.py" or any(isinstance(n, ast.ImportFrom) and n.module == "models.engine.step"
                                             for n in ast.walk(tree))     # step and verify: the step module's
-        names = {"verify_tree", "keep_accepted", "step_verify"} | ({"verify", "step"} if own else set())
+        names = {"verify_tree", "verify_rows", "keep_accepted", "step_verify"} | ({"verify", "step"} if own else set())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 name = ast.unparse(node.func).split(".")[-1]
                 if name in names and (name not in ("verify", "step") or isinstance(node.func, ast.Name)):
                     calls.append((str(path.relative_to(REPO_ROOT)), name))
     assert sorted(calls) == [("models/engine/decoding.py", "step"), ("models/engine/decoding.py", "step"),
-                             ("models/engine/decoding.py", "step_verify"), ("models/engine/step.py", "keep_accepted"),
-                             ("models/engine/step.py", "verify")]
+                             ("models/engine/decoding.py", "step_verify"), ("models/engine/decoding.py", "verify_rows"),
+                             ("models/engine/step.py", "keep_accepted"), ("models/engine/step.py", "verify"),
+                             ("models/measure/latency.py", "verify_rows")]
     text = (REPO_ROOT / "models/engine/step.py").read_text()
     body = text[text.index("def step("):]
     assert re.search(r"\bverify\(", body) and re.search(r"\bkeep_accepted\(", body)

@@ -131,12 +131,19 @@ def resolve_stop_ids(model, tokenizer, stop_token_ids=None) -> set[int]:
     return {int(t) for t in ids}
 
 
+def verify_rows(state: DecodeState, drafts: list, L: int | None = None) -> torch.Tensor:
+    """The decode step's verify by hand for a state's rows (step.verify): one forward over each row's draft (one with
+    `buf` and `tokens`, or None: its root alone) after the cache's L columns (default: all of them) -> hidden
+    [B, N, h]. The cache grows by N columns (crop them, or prune with kv_cache.keep_accepted); nothing is accepted."""
+    return step_verify(state, state.rows, drafts, state.cache.get_seq_length() if L is None else L)
+
+
 def verify_tree(decoder, tokens: torch.Tensor, buf: TreeBuffers | DeviceTree, cache, past: int,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One base forward over the tree tokens [N] after `past` cached positions -> hidden [N, h] (the decode step's
     verify at B = 1, by hand). The cache grows by N rows (prune them with kv_cache.keep_accepted)."""
     state = DecodeState(decoder, None, cache, None, dtype, tokens.device, [Row(past, int(tokens[0]))])
-    return step_verify(state, state.rows, [SimpleNamespace(buf=buf, tokens=tokens)], past)[0]
+    return verify_rows(state, [SimpleNamespace(buf=buf, tokens=tokens)], past)[0]
 
 
 def verify_masks(config, buf: TreeBuffers | DeviceTree, past: int, dtype: torch.dtype, device) -> torch.Tensor | dict:

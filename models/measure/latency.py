@@ -61,44 +61,35 @@ def verify_latency_profile(model, sizes=(1, 4, 8, 16, 32, 64), repeats: int = 7,
 @torch.inference_mode()
 def batch_verify_profile(model, batch_sizes=(1, 2, 4, 8), sizes=(1, 4, 16, 64), repeats: int = 5,
                          prefix_len: int = 300, seed: int = 0) -> dict:
-    """The batched verify step (models/engine/batch.py): B rows, each a chain of n tokens after its own
+    """The batched verify step as the engine takes it (decoding.verify_rows: step.verify with its own row masks, a
+    lone row's 1-token step maskless as a plain step is): B rows, each a chain of n tokens after its own
     prefix_len-token prompt, in one forward with the LM head on every row; median seconds [len(batch_sizes)][len(
     sizes)], sizes interleaved within each repeat. Eager (a batch takes no static step)."""
-    from models.engine.step import attention_masks
-    from models.engine.kv_cache import cache_kwargs, new_cache
-    from models.engine.projection import base_logits
+    from types import SimpleNamespace
 
-    device, dtype = next(model.parameters()).device, model.dtype
-    decoder, logits_of = model.get_decoder(), base_logits(model)
+    from models.engine.decoding import Row, prefill_rows, verify_rows
+    from models.engine.trees import TreeBuffers, chain_tree
+
+    device, vocab = next(model.parameters()).device, model.config.vocab_size
     g = torch.Generator().manual_seed(seed)
+    chains = {int(n): TreeBuffers.build(chain_tree(int(n) - 1)) for n in sizes if int(n) > 1}
     seconds = []
     for B in [int(b) for b in batch_sizes]:
-        ids = torch.randint(model.config.vocab_size, (B, prefix_len), generator=g).to(device)
-        cache = new_cache()
-        pos = torch.arange(prefix_len, device=device)
-        causal = (pos[:, None] >= pos[None, :]).expand(B, -1, -1)
-        decoder(input_ids=ids, attention_mask=attention_masks(decoder.config, causal, pos.expand(B, -1),
-                                                              pos.expand(B, -1), dtype),
-                position_ids=pos.expand(B, -1), use_cache=True, **cache_kwargs(decoder, cache))
+        prompts = [torch.randint(vocab, (prefix_len,), generator=g).to(device) for _ in range(B)]
+        state = prefill_rows(model, prompts, SamplingConfig(), [Row(0, 0) for _ in range(B)], [None] * B)
         times = {int(n): [] for n in sizes}
         for rep in range(repeats + 1):                                   # round 0 warms up
             for n in times:
-                chain = torch.arange(n, device=device)
-                visible = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=device),
-                                     chain[:, None] >= chain[None, :]], 1).expand(B, -1, -1)
-                q = (prefix_len + chain).expand(B, -1)
-                mask = attention_masks(decoder.config, visible, q, torch.cat([pos, prefix_len + chain]).expand(B, -1),
-                                       dtype)
-                tokens = torch.randint(model.config.vocab_size, (B, n), generator=g).to(device)
+                drafts = [None if n == 1 else SimpleNamespace(buf=chains[n], tokens=torch.randint(
+                    vocab, (n,), generator=g).to(device)) for _ in range(B)]
                 t0 = time.perf_counter()
-                hidden = decoder(input_ids=tokens, attention_mask=mask, position_ids=q, use_cache=True,
-                                 **cache_kwargs(decoder, cache)).last_hidden_state
-                logits_of(hidden.reshape(B * n, -1))
+                hidden = verify_rows(state, drafts)                                        # [B, n, h]
+                state.base_logits(hidden.reshape(B * n, -1))
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 if rep:
                     times[n].append(time.perf_counter() - t0)
-                cache.crop(-n)
+                state.cache.crop(-n)
         seconds.append([statistics.median(times[int(n)]) for n in sizes])
     return {"batch_sizes": [int(b) for b in batch_sizes], "sizes": [int(n) for n in sizes], "prefix_len": prefix_len,
             "repeats": repeats, "statistic": "median", "seconds": seconds}
