@@ -91,3 +91,22 @@ def test_one_sequences_parts_are_refused_on_several(tiny):
     seqs = sequences([None, None], SamplingConfig(), 4, set(), ids[0].device)
     with pytest.raises(ValueError, match="the static step decodes one sequence; this batch has 2"):
         decode(model, None, ids, seqs, SamplingConfig(), static=True)
+
+
+def test_the_batched_latency_profile_times_the_engines_own_verify(tiny, monkeypatch):
+    """models.measure.latency.batch_verify_profile goes through decoding.verify_rows: each B and chain length once a
+    repeat (and the warm-up), a lone row's 1-token step maskless as the engine's plain step is, and a batch masked."""
+    from models.engine import decoding
+    from models.measure.latency import batch_verify_profile
+
+    model, _, _ = tiny
+    seen = recorded_forwards(model, monkeypatch)
+    calls = []
+    real = decoding.verify_rows
+    monkeypatch.setattr(decoding, "verify_rows", lambda state, drafts, *a: calls.append(
+        (len(state.rows), max(1 if d is None else d.buf.num_tokens for d in drafts))) or real(state, drafts, *a))
+    prof = batch_verify_profile(model, batch_sizes=(1, 2), sizes=(1, 4), repeats=2, prefix_len=20)
+    assert calls == [(B, n) for B in (1, 2) for _ in range(3) for n in (1, 4)]
+    assert len(prof["seconds"]) == 2 and all(len(row) == 2 and min(row) > 0 for row in prof["seconds"])
+    steps = [s for s in seen if s[2] in (1, 4)]                           # the verify forwards, after each prefill
+    assert steps[0] == (False, True, 1) and steps[1] == (True, True, 4) and all(m for m, _, _ in steps[6:])
