@@ -221,14 +221,25 @@ def _sps_row(run: dict | None) -> dict | None:
 
 DFLASH_PUBLISHED = ("4.24 vs 2.83 accepted: 1.50x; 2.75x vs 1.63x: 1.69x (DFlash paper, Qwen3-8B, MT-Bench, greedy, "
                     "H200; EAGLE-3 on a 16-token tree)")
-DFLASH_PAIR = ("dflash-optimal", "eagle3-optimal")      # each on the tree calibrated for this machine
 VERDICT_ORDER = ("reversed", "not reproduced", "smaller here", "reproduced")
+CALIBRATED = ("optimal", "dynamic_optimal")             # the calibrated trees, fixed and grown per step
+
+
+def calibrated_pair(summary: dict, family: str, other: str) -> tuple[str, str]:
+    """family's calibrated tree of the kind its calibration chose (the one it ran on the most questions: the other
+    kind runs on profile.eval.unchosen_questions; fixed on a tie or where neither ran), and other's of that kind."""
+    ms = summary["methods"]
+    ran = [t for t in CALIBRATED if f"{family}-{t}" in ms]
+    tree = max(ran, key=lambda t: (len(ms[f"{family}-{t}"].get("per_question") or {}), t == "optimal"),
+               default="optimal")
+    return f"{family}-{tree}", f"{other}-{tree}"
 
 
 def _dflash_row(summary: dict) -> dict | None:
-    """DFlash against EAGLE-3, both on their calibrated trees, paired by question: accepted length and speed, each
-    judged at its published size; the row's verdict is the weaker of the two."""
-    a, b = DFLASH_PAIR
+    """DFlash against EAGLE-3, both on the calibrated kind DFlash's calibration chose (EAGLE-3 runs both on every
+    question), paired by question: accepted length and speed, each judged at its published size; the row's verdict
+    is the weaker of the two."""
+    a, b = calibrated_pair(summary, "dflash", "eagle3")
     speed, acc = compare(summary, a, b, "speedup"), compare(summary, a, b, "accept_length")
     if not (speed and speed["interval"] and acc and acc["interval"]):
         return None
@@ -247,14 +258,15 @@ DSPARK_PUBLISHED = {   # the other method: (the published figures, their ratio)
 
 
 def _dspark_rows(summary: dict) -> list[dict]:
-    """DSpark against DFlash and against EAGLE-3 in accepted length, each on its calibrated tree, paired by question
-    (greedy here, the paper's T = 1), judged at the published size."""
+    """DSpark against DFlash and against EAGLE-3 in accepted length, each on the calibrated kind DSpark's calibration
+    chose, paired by question (greedy here, the paper's T = 1), judged at the published size."""
     rows = []
     for other, (published, size) in DSPARK_PUBLISHED.items():
-        c = compare(summary, "dspark-optimal", f"{other}-optimal", "accept_length")
+        a, b = calibrated_pair(summary, "dspark", other)
+        c = compare(summary, a, b, "accept_length")
         if c and c["interval"]:
             rows.append(_row(f"DSpark accepts more than {'DFlash' if other == 'dflash' else 'EAGLE-3'}", published,
-                             describe(c) + f" (dspark-optimal / {other}-optimal)", _verdict(*c["interval"], size)))
+                             describe(c) + f" ({a} / {b})", _verdict(*c["interval"], size)))
     return rows
 
 
@@ -296,7 +308,7 @@ def claim_rows(summary: dict, train: dict[str, dict] | None = None, latency: dic
     single_runs: {tag: reports/metrics/evaluate_<tag>.json}, of which `medusa2-optimal` judges Medusa-2 and
     `eagle-optimal_pld`, `eagle3-optimal_pld` (each on its calibrated tree with and without prompt lookup) the
     EAGLE claims; EAGLE-2's is judged by eagle-dynamic_optimal against eagle-optimal (one run), DFlash's by
-    dflash-optimal against eagle3-optimal, DSpark's by dspark-optimal against both."""
+    DFlash's against EAGLE-3 and DSpark's against both, each on the calibrated kind the family's calibration chose."""
     train, why = train or {}, functools.partial(_accept_reason, summary)
     rows = [_medusa1_row(summary, latency), _medusa2_row(summary, train, (single_runs or {}).get("medusa2-optimal"))]
     c = compare(summary, "hydra-sparse64", "medusa1-sparse64", "accept_length")

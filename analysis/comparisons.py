@@ -109,6 +109,10 @@ def standard_questions(summary: dict) -> list[Comparison]:
                 f"({METRIC_LABELS[metric]})", f"{h}-dynamic_optimal", f"{h}-optimal", metric)
         if pld:
             add(f"{FAMILY_LABELS.get(h, h)} on the tree grown per step beats prompt lookup", f"{h}-dynamic_optimal", pld)
+    for h in heads:                                     # a tree cut per step (DSpark's by its confidence head) uncut
+        for metric in ("accept_length", "speedup"):
+            add(f"{FAMILY_LABELS.get(h, h)}: cutting the 16-node tree per step beats the same tree uncut "
+                f"({METRIC_LABELS[metric]})", f"{h}-cut", f"{h}-uncut", metric)
     for a, b in (("hydra", "medusa1"), ("hydra_pp", "hydra"), ("hydra_pp", "medusa1"), ("medusa2", "medusa1")):
         for metric in ("accept_length", "speedup"):
             add(f"{FAMILY_LABELS[a]} beats {FAMILY_LABELS[b]} ({METRIC_LABELS[metric]}, calibrated trees)",

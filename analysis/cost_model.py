@@ -51,6 +51,9 @@ class Plan:
     # per family, where the calibrated kind it was not given (fixed or grown) runs on fewer questions:
     # (trees on every question, questions of the subset trees summed)
     eval_split: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # per family, its own trees beside the others' (profile.eval.family_trees): (trees on every question, questions
+    # of its subset trees summed)
+    family_trees: dict[str, tuple[int, int]] = field(default_factory=dict)
     batch_sizes: int = 0                   # batch sizes above 1 (the batch curve alone)
     batch_lookup_sizes: int = 0            # batch sizes above 1 with prompt lookup merged in
     batch_questions: int | None = None     # the batch curve's questions (None: every one)
@@ -72,6 +75,11 @@ class Plan:
             moved = min(counts)             # kind is taken as the chosen one
             split = {f: (full - moved, subset + moved * min(int(unchosen), questions))
                      for f in ev.get("families") or [] if f not in (ev.get("both_choices") or [])}
+        own = {}
+        for f, names in (ev.get("family_trees") or {}).items():
+            names = [t for t in names or [] if t not in trees]
+            own[f] = (sum(1 for t in names if limits.get(t) is None),
+                      sum(min(int(limits[t]), questions) for t in names if limits.get(t) is not None))
         lookup = params["eval"]["prompt_lookup"]
         peers = 1 + (2 if lookup.get("enabled") else 0) + len(params["eval"].get("drafters") or {}) \
             + (1 if (params["eval"].get("hf_generate") or {}).get("enabled") else 0)
@@ -90,6 +98,7 @@ class Plan:
                    questions=questions, turns=int(ev.get("turns") or 1), repeats=int(ev.get("repeats") or 1),
                    max_new_tokens=int(ev["max_new_tokens"]), reference_methods=peers,
                    full_trees=full, subset_questions=subset, eval_extra=dict(eval_extra or {}), eval_split=split,
+                   family_trees=own,
                    assisted=list(assisted or []),
                    assisted_questions=None if ev.get("assisted_questions") is None else
                    min(int(ev["assisted_questions"]), questions),
@@ -133,7 +142,9 @@ def stage_work(plan: Plan) -> dict[str, tuple[str, float]]:
     work["references"] = ("new tokens decoded", plan.reference_methods * plan.questions * answer)
     for h in plan.families:
         trees, subset = plan.eval_split.get(h, (plan.full_trees, plan.subset_questions))
-        full = 1 + trees + plan.eval_extra.get(h, 0)                   # its own baseline, the trees, the extras
+        own_full, own_subset = plan.family_trees.get(h, (0, 0))         # its own trees
+        full = 1 + trees + own_full + plan.eval_extra.get(h, 0)         # its own baseline, the trees, the extras
+        subset += own_subset
         if h in plan.assisted:
             full, subset = (full + 1, subset) if plan.assisted_questions is None else \
                 (full, subset + plan.assisted_questions)

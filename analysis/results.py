@@ -206,12 +206,13 @@ def how_figures_are_made(summary: dict) -> str:
     ])
 
 
-ACCURACY_BY_POSITION = (("dflash", "DFlash (block position)"), ("eagle3", "EAGLE-3 (depth)"), ("eagle", "EAGLE (depth)"))
+ACCURACY_BY_POSITION = (("dflash", "DFlash (block position)"), ("dspark", "DSpark (block position)"),
+                        ("eagle3", "EAGLE-3 (depth)"), ("eagle", "EAGLE (depth)"))
 
 
 def position_accuracy_table(train: dict[str, dict]) -> str:
-    """Validation top-1 of each block position of DFlash (the token k after the root, all drafted in one forward)
-    beside each depth of EAGLE-3 and EAGLE (the token k after the root, each drafted on the one above), from the
+    """Validation top-1 of each block position of DFlash and DSpark (the token k after the root, all drafted in one
+    forward) beside each depth of EAGLE-3 and EAGLE (the token k after the root, each drafted on the one above), from the
     train stage's metrics (val_top1 head k - 1); "" without DFlash's."""
     cols = [(name, label, (train.get(name) or {}).get("val_top1") or {}) for name, label in ACCURACY_BY_POSITION]
     cols = [c for c in cols if c[2]]
@@ -256,9 +257,10 @@ def later_sections(summary: dict, train: dict, single_runs: dict | None, conform
         parts += ["## Against the authors' Medusa code", "", conformance_section(conformance)]
     positions = position_accuracy_table(train)
     if positions:
-        parts += ["## Validation top-1 by position: DFlash's block against the autoregressive drafters' depths", "",
-                  "The same held-out positions of the distilled data: DFlash drafts every position of its block in one "
-                  "forward from the root and masks, EAGLE-3 and EAGLE each depth on the one above it (trained "
+        parts += ["## Validation top-1 by position: the block drafters against the autoregressive drafters' depths",
+                  "", "The same held-out positions of the distilled data: DFlash and DSpark draft every position of "
+                  "their block in one forward from the root and masks (DSpark's Markov head then biases each position "
+                  "by the token before it), EAGLE-3 and EAGLE each depth on the one above it (trained "
                   "through the depths their recipes unroll).", "", positions]
     recipes = recipes_section(train)
     if recipes:

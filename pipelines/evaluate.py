@@ -66,11 +66,9 @@ from pipelines.common import load_model, log, mlflow_run, run_record, stage, sto
 from pipelines.stage_clock import StageClock
 from pipelines.host import apply_host, static_step
 from pipelines.deps import code_digest
-from pipelines.methods import (Contender, Kind, Selection, build_methods, drafter_for, question_subsets, selection,
-                               tree_question_limits)
+from pipelines.methods import (SWEEP_MODES, Contender, Kind, Selection, build_methods, drafter_for, question_subsets,
+                               selection, tree_question_limits)
 
-
-SWEEP_MODES = ("heads", "all")     # runs over profile.eval.trees, where profile.eval.tree_questions applies
 
 
 # -- 1) running one turn ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from models.methods import load_for_decoding
 from pipelines.common import conf_option, log
 
 METHOD_MODES = ("auto", "all", "selected", "heads", "references")
+SWEEP_MODES = ("heads", "all")     # runs over profile.eval.trees, where profile.eval.tree_questions applies
 
 
 class Kind(str, Enum):
@@ -132,6 +133,17 @@ def selection(cfg: DictConfig) -> Selection:
     return Selection("selected", tag, f"evaluate_{tag}", heads, [None, *dict.fromkeys(also)])
 
 
+def family_trees(cfg: DictConfig, sel: Selection, heads_name: str) -> list[str]:
+    """The trees one family runs beside profile.eval.trees in a tree sweep (profile.eval.family_trees: DSpark's tree
+    cut per step by its confidence head, and the same tree uncut), [] for any other selection or family."""
+    if sel.mode not in SWEEP_MODES:
+        return []
+    extra = OmegaConf.select(cfg, f"profile.eval.family_trees.{heads_name}", default=None) or []
+    if isinstance(extra, str) or not all(isinstance(t, str) for t in extra):
+        raise ValueError(f"profile.eval.family_trees.{heads_name}={extra!r}: use a list of conf/tree option names")
+    return [str(t) for t in extra if str(t) not in sel.trees]
+
+
 def tree_config(cfg: DictConfig, tree_name: str | None, heads_name: str) -> dict:
     """This config's tree, or conf/tree/<name>.yaml resolved for heads_name (tree=optimal is per heads)."""
     if tree_name is None:
@@ -209,7 +221,7 @@ def build_methods(cfg: DictConfig, model, sel: Selection) -> list[Contender]:
         if adapted:
             methods.append(Contender(reference, Kind.REFERENCE, base, heads_name=name, family=heads.config.family,
                                   reference=None))
-        for tree_name in sel.trees:
+        for tree_name in [*sel.trees, *family_trees(cfg, sel, name)]:
             option_name = tree_name or cfg.tree.name
             option = resolve_tree(cfg, tree_config(cfg, tree_name, name), option_name)
             option.tree.check_heads(heads.config.num_heads)

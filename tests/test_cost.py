@@ -52,6 +52,15 @@ def test_the_calibrated_kind_not_chosen_runs_on_fewer_questions_but_for_the_fami
     assert work["evaluate@h2"] == ((1 + 4) * 4 + 2) * 10            # both kinds on every question
 
 
+def test_a_familys_own_trees_count_for_that_family_only():
+    over = {"families": ["h1", "h2"], "tree_questions": {"c": 2, "cut": 3, "uncut": 3},
+            "family_trees": {"h2": ["cut", "uncut", "whole", "a"]}}     # "a" is already a tree of every family
+    plan = Plan.from_params(tiny_params(**over), epochs={"h1": 1, "h2": 1})
+    work = {s: a for s, (_, a) in stage_work(plan).items()}
+    assert work["evaluate@h1"] == ((1 + 2) * 4 + 2) * 10            # baseline, a and b on 4; c on 2
+    assert work["evaluate@h2"] == ((1 + 2 + 1) * 4 + 2 + 3 + 3) * 10   # and whole on 4, cut and uncut on 3 each
+
+
 def test_prompt_lookup_at_fewer_batch_sizes_counts_fewer_batches():
     plan = Plan.from_params(tiny_params(batch_lookup_sizes=[4]), epochs={"h1": 1, "h2": 1})
     assert dict((s, a) for s, (_, a) in stage_work(plan).items())["batch@h1"] == (2 + 1) * 4 * 10

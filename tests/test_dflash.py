@@ -423,6 +423,10 @@ def test_the_results_put_dflashs_position_accuracy_beside_eagle3s_depths():
     assert table[0] == "| k (token after the root) | DFlash (block position) | EAGLE-3 (depth) |"
     assert table[2:] == ["| 1 | 0.610 | 0.650 |", "| 2 | 0.420 | 0.400 |", "| 3 | 0.300 | - |"]
     assert position_accuracy_table({"eagle3": train["eagle3"]}) == ""
+    train["dspark"] = {"val_top1": {"head0": 0.66, "head1": 0.50}}
+    table = position_accuracy_table(train).splitlines()
+    assert table[0] == "| k (token after the root) | DFlash (block position) | DSpark (block position) | EAGLE-3 (depth) |"
+    assert table[3] == "| 2 | 0.420 | 0.500 | 0.400 |"
 
 
 def test_training_attention_by_blocks_equals_the_dense_block_mask():

@@ -229,6 +229,21 @@ def test_the_results_judge_dsparks_claims_against_dflash_and_eagle3():
     assert not any("DSpark" in claim for claim in rows_with({"eagle3-optimal": 2, "dflash-optimal": 2}))
 
 
+def test_dsparks_claims_pair_the_calibrated_kind_it_chose():
+    """calibrate chose the grown tree for DSpark: it ran on every question there and on fewer as the fixed tree, so
+    the claims pair dspark-dynamic_optimal with the others' grown trees."""
+    from analysis.claims import calibrated_pair
+
+    def ran(n):
+        return {"per_question": {str(q): {"accept_length": 2.0} for q in range(n)}}
+
+    summary = {"methods": {"dspark-optimal": ran(16), "dspark-dynamic_optimal": ran(80), "dflash-optimal": ran(80)}}
+    assert calibrated_pair(summary, "dspark", "dflash") == ("dspark-dynamic_optimal", "dflash-dynamic_optimal")
+    summary["methods"]["dspark-dynamic_optimal"] = ran(16)                   # a tie: the fixed tree
+    assert calibrated_pair(summary, "dspark", "eagle3") == ("dspark-optimal", "eagle3-optimal")
+    assert calibrated_pair({"methods": {}}, "dflash", "eagle3") == ("dflash-optimal", "eagle3-optimal")
+
+
 @pytest.mark.parametrize("family", sorted(KINDS))
 def test_the_speculators_export_is_the_librarys_dspark_type(tmp_path, family):
     """export.format=speculators writes DSpark heads as the library's `dspark` type: DFlash's tensors plus the Markov

@@ -1,6 +1,6 @@
 """The run's budget levers in the evaluation: the calibrated kind (fixed or grown) calibrate did not choose runs on
 fewer questions, except for the families that keep both; transformers' assisted generation on fewer questions; the
-batch curve with prompt lookup merged in at some batch sizes only."""
+batch curve with prompt lookup merged in at some batch sizes only; a family's own trees beside the others'."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from pipelines.calibrate import write_choice
 from pipelines.evaluate_batch import method_sizes
-from pipelines.methods import Contender, calibrated_choice, question_subsets
+from pipelines.methods import Contender, calibrated_choice, family_trees, question_subsets
 
 KINDS = {"optimal": "fixed", "optimal_pld": "fixed", "dynamic_optimal": "grown", "dynamic_optimal_pld": "grown"}
 
@@ -73,3 +73,24 @@ def test_prompt_lookup_in_the_batch_curve_at_its_sizes_only():
     cfg.profile.eval.batch_lookup_sizes = [16]
     with pytest.raises(ValueError, match=r"batch_lookup_sizes=\[16\] names \[16\]"):
         method_sizes(cfg, "h-batch_pld", [2, 4, 8])
+
+
+def sweep(mode="heads", trees=("optimal", "cut")):
+    return SimpleNamespace(mode=mode, trees=list(trees))
+
+
+def test_a_familys_own_trees_join_its_sweep_only_and_share_their_questions(tmp_path):
+    cfg = config(tmp_path, family_trees={"dspark": ["cut", "uncut"]}, tree_questions={"cut": 3, "uncut": 3})
+    assert family_trees(cfg, sweep(), "dspark") == ["uncut"]                # cut is already a tree of every family
+    assert family_trees(cfg, sweep(trees=["optimal"]), "dspark") == ["cut", "uncut"]
+    assert family_trees(cfg, sweep(mode="all"), "dspark") == ["uncut"]
+    assert family_trees(cfg, sweep(), "dflash") == []
+    assert family_trees(cfg, sweep(mode="selected"), "dspark") == []        # a method asked for by hand runs alone
+    assert family_trees(config(tmp_path), sweep(), "dspark") == []          # a profile without the key
+    subsets = question_subsets(cfg, [method("dspark", "cut"), method("dspark", "uncut")], questions())
+    assert subsets["dspark-cut"] == subsets["dspark-uncut"] and len(subsets["dspark-cut"]) == 3   # paired
+
+
+def test_a_familys_own_trees_must_be_a_list_of_names(tmp_path):
+    with pytest.raises(ValueError, match=r"family_trees.dspark='cut'.*list of conf/tree option names"):
+        family_trees(config(tmp_path, family_trees={"dspark": "cut"}), sweep(), "dspark")

@@ -245,3 +245,20 @@ def test_claims_of_the_chains_merged_runs_are_judged_from_the_summary():
     assert eagle["verdict"] == "reproduced" and "eagle-optimal / pld, run eagle" in eagle["ours"]
     sps = rows["A draft model (SpS) speeds decoding up"]
     assert sps["verdict"] == "reversed" and "16 questions, run sps" in sps["ours"]
+
+
+def test_dsparks_confidence_cut_is_paired_against_the_same_tree_uncut():
+    """The cut accepts fewer tokens a step (it drafts fewer) but runs faster: both rows, paired over the questions
+    both ran."""
+    rng = random.Random(11)
+    base = [rng.uniform(2.0, 3.0) for _ in range(12)]
+    methods = {}
+    for name, (f, acc) in {"dspark-cut": (1.5, 2), "dspark-uncut": (1.2, 4)}.items():
+        recs = _records(name, [t / (f * rng.uniform(0.98, 1.02)) for t in base], accept=acc)
+        methods[name] = {"kind": "heads", "heads": "dspark", "tree": name.split("-")[1],
+                         **summarize_method([recs], [_records("baseline", base)])}
+    rows = {r["question"]: r for r in standard_comparisons({"methods": methods})}
+    speed = rows["DSpark: cutting the 16-node tree per step beats the same tree uncut (speed)"]
+    accepted = rows["DSpark: cutting the 16-node tree per step beats the same tree uncut (accepted length)"]
+    assert speed["ratio"] == pytest.approx(1.25, abs=0.03) and speed["wins"] == 12 and speed["questions"] == 12
+    assert accepted["ratio"] == pytest.approx(0.5) and accepted["wins"] == 0
