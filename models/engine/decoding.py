@@ -41,7 +41,7 @@ import torch
 
 from models.engine.acceptance import SamplingConfig
 from models.engine.drafters.base import DeviceTree, DraftContext, StepDrafter
-from models.engine.kv_cache import cache_kwargs, cut_to, new_cache
+from models.engine.kv_cache import GrowingLayer, cache_kwargs, new_cache
 from models.engine.projection import base_logits
 from models.engine.static_step import attach_static
 from models.engine.step import (TIMED_PARTS, DecodeState, DeviceClock, Row, drafter_taps, first_token, prompt_inputs,
@@ -279,7 +279,10 @@ def drop_rows(cache, rows: list[Sequence], staying: list[Sequence]) -> None:
         return
     keep = [i for i, s in enumerate(rows) if any(s is t for t in staying)]
     cache.batch_select_indices(torch.tensor(keep, device=cache.layers[0].keys.device))
-    cut_to(cache, max(s.past for s in staying))     # a dropped row may have been the longest: no column past it
+    longest = max(s.past for s in staying)          # a dropped row may have been the longest: no column past it
+    for layer in cache.layers:                      # (here, not in kv_cache.py, which the train stages depend on)
+        if isinstance(layer, GrowingLayer) and layer.get_seq_length() > longest:
+            layer.keep_rows_of_each([], longest)
 
 
 def leave(cache, live: list[Sequence], done: list[Sequence], t0: float) -> list[Sequence]:

@@ -139,13 +139,6 @@ def keep_accepted(cache: DynamicCache, base: int, pasts: list[int], paths: list[
             raise TypeError(f"a batched step prunes GrowingLayer caches (kv_cache.new_cache), not {type(layer).__name__}")
 
 
-def cut_to(cache: DynamicCache, length: int) -> None:
-    """Every row of a batched cache cut to `length` columns (the longest row left after others were dropped)."""
-    for layer in cache.layers:
-        if isinstance(layer, GrowingLayer) and layer.get_seq_length() > length:
-            layer.keep_rows_of_each([], length)
-
-
 class StaticLayer(GrowingLayer):
     """A GrowingLayer of fixed capacity: new rows go to the slots in `positions` (a device tensor the step fills),
     and attention gets the first `span` slots (the mask hides the unfilled ones) as views that start at the
