@@ -15,8 +15,8 @@ verifies and accepts it, the drafter follows the accepted path.
 
 One core for every batch size (decode): prefill_rows puts B prompts through the base in one forward (one prompt as
 it is, several right-padded and masked), decode_rows steps every live row (models/engine/step.py;
-docs/design.md#the-decode-step) until each has stopped. generate is its door for one sequence, generate_batch (models/engine/batch.py)
-its door for B; at B = 1 they decode alike, on the same tensors.
+docs/design.md#the-decode-step) until each has stopped. generate is its door for one sequence, generate_batch
+(models/engine/batch.py) its door for B; at B = 1 they decode alike, on the same tensors.
   1) draft:  the drafter proposes a tree of tokens below the root x_{t+1} and names its buffers (a Draft:
              the heads' tree, a chain of context tokens, ...); m = 0 drafts (or no drafter) is a plain
              1-token step
